@@ -1,0 +1,1 @@
+"""Package data: conf/ (installed as sprite.conf)."""

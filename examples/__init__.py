@@ -1,0 +1,1 @@
+"""Package data: examples/ (installed as sprite.examples)."""

@@ -1,0 +1,1 @@
+"""Package data: launch_templates/ (installed as sprite.launch_templates)."""

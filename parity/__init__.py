@@ -1,0 +1,1 @@
+"""Package data: parity/ (installed as sprite.parity)."""

@@ -1,0 +1,28 @@
+"""The environment contract between sprite's launcher half and its runtime half.
+
+The launcher exports these variables to every rank; ``python -m sprite.runtime`` reads them. Both halves
+import this module, so it must import nothing heavy (no torch, no lightning, no yaml).
+"""
+
+from __future__ import annotations
+
+ACCELERATOR = "SPRITE_ACCELERATOR"  # auto | xpu | cuda | cpu
+STRATEGY = "SPRITE_STRATEGY"  # auto | single | ddp | fsdp
+PRECISION = "SPRITE_PRECISION"  # a Lightning precision string, or "auto" (keep the script's own)
+NUM_NODES = "SPRITE_NUM_NODES"  # nodes in the launched world
+DEVICES = "SPRITE_DEVICES"  # ranks per node
+WORLD_SIZE = "SPRITE_WORLD_SIZE"  # NUM_NODES * DEVICES, also exported as WORLD_SIZE
+LAUNCHER = "SPRITE_LAUNCHER"  # one of LAUNCHER_FLAVOURS
+HOSTS = "SPRITE_HOSTS"  # comma-separated hosts in node-rank order (node rank = index of this host)
+JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
+SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
+
+ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE)
+
+# Launcher flavours a plan can be built for; the runtime resolves ranks differently for each.
+LAUNCHER_FLAVOURS = ("local", "pals", "hydra", "openmpi", "srun", "torchrun")
+
+# Standard rendezvous variables sprite sets or reads (torch.distributed / Lightning names).
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_WORLD_SIZE")
