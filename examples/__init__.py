@@ -1,1 +1,1 @@
-"""Package data: examples/ (installed as sprite.examples)."""
+"""Example Lightning scripts shipped with sprite (installed as sprite.examples)."""
