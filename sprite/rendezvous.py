@@ -1,0 +1,46 @@
+"""Rendezvous: where rank 0 listens (MASTER_ADDR, MASTER_PORT), agreed by every node without talking.
+
+The port comes from, in order: an explicit value (flag, spec or MASTER_PORT), a hash of the scheduler job id
+(so every node and every rank computes the same number), or a free port of this machine for local runs.
+"""
+
+from __future__ import annotations
+
+import socket
+import zlib
+from typing import Callable, Mapping
+
+# Derived ports stay inside [PORT_BASE, PORT_BASE + PORT_SPAN): above the registered well-known services most
+# sites run, and below Linux's default ephemeral range (32768-60999), so a derived port never collides with an
+# outgoing connection's source port.
+PORT_BASE = 20000
+PORT_SPAN = 10000
+
+
+def port_from_job_id(job_id: str) -> int:
+    """A port derived from ``job_id``: deterministic across hosts and Python runs (crc32, not ``hash``)."""
+    return PORT_BASE + zlib.crc32(job_id.encode()) % PORT_SPAN
+
+
+def free_port() -> int:
+    """A TCP port that is free on this machine right now (for single-machine runs)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def master_addr(environ: Mapping[str, str], hosts: tuple[str, ...]) -> str:
+    """MASTER_ADDR if set, else the first host of the allocation."""
+    return environ.get("MASTER_ADDR") or hosts[0]
+
+
+def master_port(environ: Mapping[str, str], job_id: str, explicit: int | None,
+                pick_free: Callable[[], int] = free_port) -> int:
+    """The rendezvous port: ``explicit``, else MASTER_PORT, else derived from ``job_id``, else a free port."""
+    if explicit:
+        return explicit
+    if environ.get("MASTER_PORT", "").isdigit():
+        return int(environ["MASTER_PORT"])
+    if job_id:
+        return port_from_job_id(job_id)
+    return pick_free()

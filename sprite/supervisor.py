@@ -1,0 +1,129 @@
+"""sprite's local launcher: start N ranks on this machine, label their output, and never leave one behind.
+
+    python -m sprite.supervisor --nproc 2 [--log-dir DIR] -- python -m sprite.runtime train.py
+
+Each rank gets RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (WORLD_SIZE and the rendezvous come from the
+plan's environment). Output lines are prefixed ``[rank N]``. When a rank fails, the others are stopped
+(SIGTERM, then SIGKILL after a grace period) and the supervisor exits with the failed rank's code.
+SIGINT/SIGTERM sent to the supervisor are forwarded to every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+GRACE_SECONDS = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Linux only: the kernel sends SIGKILL to the rank if the supervisor itself is killed, so a `kill -9`
+    # of sprite leaves no orphan rank holding the rendezvous port.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _pump(stream, sink, prefix: bytes, log, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, b""):
+        with lock:
+            sink.write(prefix + line)
+            sink.flush()
+        if log:
+            log.write(line)
+            log.flush()
+    stream.close()
+
+
+def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock) -> tuple:
+    """Start one rank with its own process group; returns (Popen, pump threads, log file)."""
+    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc),
+           "NODE_RANK": "0", "GROUP_RANK": "0", "PYTHONUNBUFFERED": "1"}
+    env.setdefault("WORLD_SIZE", str(nproc))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    log = open(log_dir / f"rank{rank}.log", "ab") if log_dir else None
+    prefix = f"[rank {rank}] ".encode()
+    pumps = [threading.Thread(target=_pump, args=(s, sink, prefix, log, lock), daemon=True)
+             for s, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
+    for pump in pumps:
+        pump.start()
+    return proc, pumps, log
+
+
+def stop_all(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
+    """Send ``sig`` to every live rank's process group, then SIGKILL whatever is left after ``grace``."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        try:  # the group too: a rank's own children (data loader workers) must not outlive it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+
+def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
+    """Wait until every rank exits 0 (return 0), one fails, or a signal arrives; return the exit code."""
+    while True:
+        if received:
+            stop_all(procs, received[0])
+            return 128 + received[0]
+        codes = [proc.poll() for proc in procs]
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            print(f"sprite: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
+            stop_all(procs)
+            return code if code > 0 else 128 - code
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sprite.supervisor", description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
+    parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.nproc < 1 or not cmd:
+        parser.error("need --nproc >= 1 and a command after --")
+    if args.log_dir:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+    received: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: received.append(signum))
+    lock = threading.Lock()
+    started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock) for rank in range(args.nproc)]
+    code = supervise([proc for proc, _, _ in started], received)
+    for _, pumps, log in started:
+        for pump in pumps:
+            pump.join(timeout=2)
+        if log:
+            log.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

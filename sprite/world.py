@@ -1,0 +1,106 @@
+"""The launched world: how many nodes, ranks per node, which hosts and which launcher flavour.
+
+Resolved from the user's job fields, the site profile and the allocation; every contradiction between them
+is a UsageError that names both values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sprite import allocation as allocmod
+from sprite.allocation import Allocation
+from sprite.errors import UsageError
+from sprite.sites import SiteProfile
+from sprite.spec import JobSpec
+
+AUTO_LAUNCHER = {"pbs": "mpiexec", "slurm": "srun", "none": "local"}
+
+
+@dataclass(frozen=True)
+class World:
+    """Nodes x devices ranks on ``hosts`` (node-rank order), started by ``launcher`` of ``flavour``."""
+
+    nodes: int
+    devices: int
+    hosts: tuple[str, ...]
+    launcher: str  # mpiexec | srun | torchrun | local
+    flavour: str  # the contract's LAUNCHER_FLAVOURS: local | pals | hydra | openmpi | srun | torchrun
+    alloc: Allocation
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.devices
+
+    @property
+    def subset(self) -> bool:
+        """True when the launch uses fewer hosts than the allocation has, so hosts must be named."""
+        return self.hosts != self.alloc.hosts
+
+
+def _launcher(spec: JobSpec, alloc: Allocation) -> str:
+    launcher = AUTO_LAUNCHER[alloc.scheduler] if spec.launcher == "auto" else spec.launcher
+    if launcher == "srun" and alloc.scheduler != "slurm":
+        raise UsageError(
+            "--launcher srun needs a Slurm allocation, and none was found (SLURM_JOB_ID is not set).",
+            "sprite run was started on a login node or outside salloc/sbatch.",
+            "Run inside salloc/sbatch (or use sprite sbatch), or choose --launcher local for this machine.",
+        )
+    return launcher
+
+
+def _nodes(spec: JobSpec, alloc: Allocation, launcher: str) -> int:
+    available = len(alloc.hosts)
+    nodes = spec.nodes or (available if launcher != "local" else 1)
+    if nodes > available:
+        where = f"the {alloc.scheduler.upper()} allocation {alloc.job_id}" if alloc.job_id else "this machine"
+        raise UsageError(
+            f"--nodes {nodes} asks for more nodes than {where} has ({available}: {', '.join(alloc.hosts[:4])}"
+            f"{', ...' if available > 4 else ''}).",
+            "The job was granted fewer nodes than the run asks for, or --exclude removed some.",
+            f"Use --nodes {available} or fewer, or request more nodes from the scheduler.",
+        )
+    if nodes > 1 and launcher == "local":
+        raise UsageError(
+            f"--launcher local starts ranks on this machine only, but --nodes is {nodes}.",
+            "local is sprite's single-machine supervisor.",
+            "Use --launcher mpiexec, srun or torchrun inside an allocation, or --nodes 1.",
+        )
+    return nodes
+
+
+def _devices(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> int:
+    devices = spec.devices or alloc.tasks_per_node or site.job.get("devices") or 1
+    if alloc.tasks_per_node and devices > alloc.tasks_per_node:
+        raise UsageError(
+            f"--devices {devices} asks for more ranks per node than the Slurm allocation grants "
+            f"(SLURM_NTASKS_PER_NODE={alloc.tasks_per_node}).",
+            "The allocation was requested with fewer tasks per node.",
+            f"Use --devices {alloc.tasks_per_node} or fewer, or request --ntasks-per-node={devices}.",
+        )
+    return devices
+
+
+def _flavour(spec: JobSpec, site: SiteProfile, launcher: str) -> str:
+    if launcher == "mpiexec":
+        return site.mpi if spec.mpi == "auto" else spec.mpi
+    return launcher
+
+
+def resolve(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> World:
+    """The world ``spec`` launches on ``alloc``. Raises UsageError for a request the allocation cannot hold."""
+    if spec.exclude:
+        if alloc.scheduler == "none":
+            raise UsageError("--exclude needs a PBS or Slurm allocation; this run has none.", "",
+                             "Drop --exclude for runs on this machine.")
+        alloc = allocmod.exclude(alloc, spec.exclude)
+    launcher = _launcher(spec, alloc)
+    nodes = _nodes(spec, alloc, launcher)
+    devices = _devices(spec, site, alloc)
+    if spec.strategy == "single" and nodes * devices > 1:
+        raise UsageError(
+            f"--strategy single runs one rank, but the launch asks for {nodes} node(s) x {devices} device(s).",
+            "single is for one device; ddp and fsdp use several.",
+            "Use --devices 1 --nodes 1 with single, or choose --strategy ddp or fsdp.",
+        )
+    return World(nodes, devices, alloc.hosts[:nodes], launcher, _flavour(spec, site, launcher), alloc)
