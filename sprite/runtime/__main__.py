@@ -1,0 +1,52 @@
+"""``python -m sprite.runtime SCRIPT ARGS...``: run a Lightning script as one rank of the launched world.
+
+Reads the ``SPRITE_*`` contract, registers sprite's accelerator and strategies with Lightning, makes every
+``Trainer(...)`` the script builds run the launched world, then runs the script as ``__main__`` with its own argv.
+Without any ``SPRITE_*`` variable it runs the script as a single process with the "xpu" accelerator registered.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError
+
+USAGE = "usage: python -m sprite.runtime SCRIPT [ARGS...]"
+
+
+def run(argv: list[str]) -> None:
+    """Prepare Lightning for this launch and run ``argv[0]`` as ``__main__`` with ``argv[1:]`` as its arguments.
+
+    Raises:
+        UsageError: no script, a script that does not exist, or a malformed ``SPRITE_*`` contract.
+    """
+    if not argv or argv[0] in ("-h", "--help"):
+        raise UsageError("No script given.", USAGE, "Pass the training script and its arguments.")
+    script = argv[0]
+    if not os.path.isfile(script):
+        raise UsageError(f"Script {script!r} does not exist.", "", f"Check the path (cwd: {os.getcwd()}).")
+    from sprite.runtime import config, inject, plguard, registry
+
+    cfg = config.from_env(os.environ)
+    registry.register()
+    if cfg is not None:
+        inject.install(cfg)
+        plguard.install(cfg)
+    sys.argv = [script, *argv[1:]]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main() -> int:
+    try:
+        run(sys.argv[1:])
+    except SpriteError as err:
+        print(f"sprite: {err}", file=sys.stderr, flush=True)
+        return err.exit_code if err.exit_code else EXIT_USAGE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

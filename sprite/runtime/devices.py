@@ -1,0 +1,69 @@
+"""The device table: everything that differs between XPU, CUDA and CPU lives in one row.
+
+The XPU path and the CUDA path run the same code; only the row they read differs. Tests swap ``torch.xpu`` for a
+named fake to exercise the XPU row on a machine without XPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sprite.errors import UsageError
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """One row: the torch device type, its distributed backend and its autocast device type."""
+
+    name: str  # torch.device type and the module name under torch ("xpu" -> torch.xpu)
+    backend: str  # torch.distributed backend
+    autocast: str  # device_type for torch.autocast
+
+    def module(self):
+        """The torch device module (``torch.xpu``, ``torch.cuda``); ``None`` for CPU."""
+        return None if self.name == "cpu" else getattr(torch, self.name, None)
+
+    def is_available(self) -> bool:
+        """Whether this process can use at least one device of this type."""
+        mod = self.module()
+        if self.name == "cpu":
+            return True
+        return bool(mod is not None and mod.is_available())
+
+    def device_count(self) -> int:
+        """Devices of this type visible to this process (CPU counts as 1)."""
+        return 1 if self.name == "cpu" else (self.module().device_count() if self.is_available() else 0)
+
+
+DEVICE_TABLE: dict[str, DeviceType] = {
+    "xpu": DeviceType("xpu", "xccl", "xpu"),
+    "cuda": DeviceType("cuda", "nccl", "cuda"),
+    "cpu": DeviceType("cpu", "gloo", "cpu"),
+}
+ALIASES = {"gpu": "cuda"}
+PREFERENCE = ("xpu", "cuda", "cpu")  # what "auto" picks, first available wins
+
+
+def device_type(name: str) -> DeviceType:
+    """The table row for ``name`` ("xpu", "cuda", "gpu", "cpu", or "auto" = first available of xpu, cuda, cpu).
+
+    Raises:
+        UsageError: the name is not in the table.
+    """
+    name = ALIASES.get(name, name)
+    if name == "auto":
+        return next(DEVICE_TABLE[n] for n in PREFERENCE if DEVICE_TABLE[n].is_available())
+    if name not in DEVICE_TABLE:
+        raise UsageError(
+            f"Unknown accelerator {name!r}.",
+            "sprite knows only the device types in its device table.",
+            f"Use one of: auto, {', '.join(DEVICE_TABLE)}.",
+        )
+    return DEVICE_TABLE[name]
+
+
+def backend_for(device: torch.device) -> str:
+    """The distributed backend for a device (``xpu`` -> xccl, ``cuda`` -> nccl, ``cpu`` -> gloo)."""
+    return device_type(device.type).backend
