@@ -26,7 +26,7 @@ class World:
     hosts: tuple[str, ...]
     launcher: str  # mpiexec | srun | torchrun | local
     flavour: str  # the contract's LAUNCHER_FLAVOURS: local | pals | hydra | openmpi | srun | torchrun
-    alloc: Allocation
+    alloc: Allocation  # as granted by the scheduler, before --exclude
 
     @property
     def size(self) -> int:
@@ -89,6 +89,7 @@ def _flavour(spec: JobSpec, site: SiteProfile, launcher: str) -> str:
 
 def resolve(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> World:
     """The world ``spec`` launches on ``alloc``. Raises UsageError for a request the allocation cannot hold."""
+    granted = alloc
     if spec.exclude:
         if alloc.scheduler == "none":
             raise UsageError("--exclude needs a PBS or Slurm allocation; this run has none.", "",
@@ -103,4 +104,4 @@ def resolve(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> World:
             "single is for one device; ddp and fsdp use several.",
             "Use --devices 1 --nodes 1 with single, or choose --strategy ddp or fsdp.",
         )
-    return World(nodes, devices, alloc.hosts[:nodes], launcher, _flavour(spec, site, launcher), alloc)
+    return World(nodes, devices, alloc.hosts[:nodes], launcher, _flavour(spec, site, launcher), granted)

@@ -1,0 +1,50 @@
+"""Shared fixtures. Every test runs with a clean rendezvous environment and must leave it clean."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LEAK_GUARDED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")
+SCHEDULER_VARS = ("PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                  "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SPRITE_SITE")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_rank_env(request):
+    """Fail any test that leaves MASTER_ADDR, MASTER_PORT, RANK or WORLD_SIZE behind for later tests."""
+    before = {name: os.environ.get(name) for name in LEAK_GUARDED}
+    yield
+    leaked = {name: os.environ.get(name) for name in LEAK_GUARDED if os.environ.get(name) != before[name]}
+    for name, value in before.items():  # restore, so one leak fails one test, not every later one
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if leaked:
+        pytest.fail(f"{request.node.nodeid} leaked into os.environ: {leaked}")
+
+
+@pytest.fixture
+def clean_env(monkeypatch) -> dict:
+    """os.environ without any scheduler or rendezvous variable (as on a laptop), returned as a dict."""
+    for name in (*LEAK_GUARDED, *SCHEDULER_VARS):
+        monkeypatch.delenv(name, raising=False)
+    return dict(os.environ)
+
+
+@pytest.fixture(scope="session")
+def sprite_cmd() -> list[str]:
+    """The installed sprite command (the console script beside this Python)."""
+    exe = Path(sys.executable).parent / "sprite"
+    return [str(exe)] if exe.exists() else [shutil.which("sprite") or "sprite"]
+
+
+@pytest.fixture(scope="session")
+def example_script() -> str:
+    return str(REPO / "examples" / "train.py")

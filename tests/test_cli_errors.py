@@ -1,0 +1,98 @@
+"""Every bad input reaches the user as one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+
+def run_sprite(sprite_cmd, args, env, cwd=None):
+    return subprocess.run([*sprite_cmd, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def assert_one_line_usage_error(result, *fragments):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("sprite: error: "), result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture
+def spec_file(tmp_path, example_script):
+    def write(body: str):
+        path = tmp_path / "job.yaml"
+        path.write_text(body.replace("SCRIPT", example_script))
+        return str(path)
+    return write
+
+
+def test_missing_script(sprite_cmd, clean_env, tmp_path):
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", str(tmp_path / "nope.py")], clean_env)
+    assert_one_line_usage_error(result, "nope.py does not exist")
+
+
+def test_nodes_two_in_spec_names_file_line_and_key(sprite_cmd, clean_env, spec_file):
+    path = spec_file("script: SCRIPT\ndevices: 2\nnodes: two\n")
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", "--spec", path], clean_env)
+    assert_one_line_usage_error(result, f"{path}:3", "'nodes'", "'two' is not a whole number")
+
+
+def test_unknown_key_in_spec(sprite_cmd, clean_env, spec_file):
+    path = spec_file("script: SCRIPT\nnode: 2\n")
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", "--spec", path], clean_env)
+    assert_one_line_usage_error(result, f"{path}:2", "'node'", "is not a job spec key", "Allowed: script, args")
+
+
+def test_invalid_yaml_names_line(sprite_cmd, clean_env, spec_file):
+    path = spec_file("script: SCRIPT\nenv: [unclosed\n")
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", "--spec", path], clean_env)
+    assert_one_line_usage_error(result, path, "not valid YAML")
+
+
+def test_nodes_beyond_allocation(sprite_cmd, clean_env, tmp_path, example_script):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("h1\nh2\n")
+    env = {**clean_env, "PBS_JOBID": "77.pbs", "PBS_NODEFILE": str(nodefile)}
+    result = run_sprite(sprite_cmd, ["run", "--site", "aurora", "--nodes", "3", "--dry-run", example_script], env)
+    assert_one_line_usage_error(result, "--nodes 3", "(2: h1, h2)", "Use --nodes 2 or fewer")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--json"], "--json only changes what --dry-run prints"),
+    (["--dry-run", "--strategy", "single", "--devices", "2"], "--strategy single runs one rank"),
+    (["--dry-run", "--launcher", "srun"], "needs a Slurm allocation"),
+    (["--dry-run", "--nodes", "two"], "Option --nodes: 'two' is not a whole number"),
+    (["--dry-run", "--precision", "fp8"], "Option --precision: 'fp8' is not a valid choice"),
+    (["--dry-run", "--site", "frontier"], "Unknown site 'frontier'"),
+    (["--dry-run", "--env", "NOEQUALS"], "is not NAME=VALUE"),
+    (["--dry-run", "--exclude", "h1"], "--exclude needs a PBS or Slurm allocation"),
+    (["--dry-run", "--master-port", "80"], "outside the unprivileged port range"),
+])
+def test_bad_flags_and_conflicts(sprite_cmd, clean_env, example_script, args, fragment):
+    result = run_sprite(sprite_cmd, ["run", *args, example_script], clean_env)
+    assert_one_line_usage_error(result, fragment)
+
+
+def test_missing_launcher_program(sprite_cmd, clean_env, example_script, tmp_path):
+    env = {**clean_env, "PATH": str(tmp_path)}  # no srun anywhere
+    env.update({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n1"})
+    result = run_sprite(sprite_cmd, ["run", "--site", "perlmutter", example_script], env)
+    assert_one_line_usage_error(result, "'srun' is not on PATH")
+
+
+def test_arguments_after_script_belong_to_the_script(sprite_cmd, clean_env, example_script):
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", "--json", example_script, "--dry-run", "--nodes", "9"],
+                        clean_env)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["argv"][-4:] == [example_script, "--dry-run", "--nodes", "9"]
+    assert plan["env"]["SPRITE_NUM_NODES"] == "1"  # the script's --nodes is not sprite's
+
+
+def test_help_shows_an_example(sprite_cmd, clean_env):
+    result = run_sprite(sprite_cmd, ["run", "--help"], clean_env)
+    assert result.returncode == 0 and "sprite run --devices 2 examples/train.py" in result.stdout

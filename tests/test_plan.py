@@ -1,0 +1,127 @@
+"""Launch plans under faked PBS and Slurm allocations (planning only: nothing is started)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sprite import contract, launch, rendezvous
+from sprite.errors import UsageError
+
+AURORA_HOSTS = ["x4000c0s0b0n0", "x4000c0s1b0n0"]
+PBS_JOB = "8505298.aurora-pbsadmin-0001"
+
+
+@pytest.fixture
+def pbs_env(clean_env, tmp_path):
+    nodefile = tmp_path / "nodefile"
+    # PBS writes one line per host (select=N); repeated lines must collapse, order must stay.
+    nodefile.write_text("\n".join([AURORA_HOSTS[0], AURORA_HOSTS[1], AURORA_HOSTS[1]]) + "\n")
+    return {**clean_env, "PBS_JOBID": PBS_JOB, "PBS_NODEFILE": str(nodefile)}
+
+
+@pytest.fixture
+def slurm_env(clean_env):
+    return {**clean_env, "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nid[001-002]",
+            "SLURM_NTASKS_PER_NODE": "4"}
+
+
+def test_aurora_fsdp_plan_through_cli(pbs_env, sprite_cmd, example_script):
+    out = subprocess.run([*sprite_cmd, "run", "--site", "aurora", "--nodes", "2", "--strategy", "fsdp",
+                          "--dry-run", "--json", example_script, "--max-steps", "3"],
+                         env=pbs_env, capture_output=True, text=True, check=True)
+    plan = json.loads(out.stdout)
+    assert set(plan) == {"argv", "env"}
+    argv, env = plan["argv"], plan["env"]
+    assert argv[:5] == ["mpiexec", "-n", "24", "--ppn", "12"]
+    assert argv[argv.index("--cpu-bind") + 1].startswith("list:1-8:9-16:")
+    assert "--envall" in argv and "--hosts" not in argv  # whole allocation: PALS takes it from PBS
+    assert argv[-5:] == ["-m", "sprite.runtime", example_script, "--max-steps", "3"]
+    assert env["ZE_FLAT_DEVICE_HIERARCHY"] == "FLAT"
+    assert env["MASTER_ADDR"] == AURORA_HOSTS[0]
+    assert env["MASTER_PORT"] == str(rendezvous.port_from_job_id(PBS_JOB))
+    assert env["WORLD_SIZE"] == env[contract.WORLD_SIZE] == "24"
+    assert env[contract.STRATEGY] == "fsdp" and env[contract.LAUNCHER] == "pals"
+    assert env[contract.HOSTS] == ",".join(AURORA_HOSTS)
+
+
+def test_slurm_plan_uses_srun_and_allocation_tasks(slurm_env, example_script):
+    plan = launch.plan_run({"script": example_script, "site": "perlmutter", "strategy": "ddp"}, slurm_env)
+    argv = plan.argv
+    assert argv[:7] == ["srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
+    assert "--kill-on-bad-exit=1" in argv and "--nodelist" not in argv
+    assert plan.env["MASTER_ADDR"] == "nid001"
+    assert plan.env["MASTER_PORT"] == str(rendezvous.port_from_job_id("4242"))
+    assert plan.env["WORLD_SIZE"] == "8"
+
+
+def test_slurm_multi_group_nodelist_keeps_order(clean_env, example_script):
+    env = {**clean_env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nid[001-003,007],gpu-[1-2]"}
+    plan = launch.plan_run({"script": example_script, "site": "perlmutter", "devices": 1}, env)
+    assert plan.env[contract.HOSTS] == "nid001,nid002,nid003,nid007,gpu-1,gpu-2"
+    assert plan.world.size == 6
+
+
+def test_exclude_and_fewer_nodes_name_hosts(pbs_env, tmp_path, example_script):
+    nodefile = tmp_path / "three"
+    nodefile.write_text("a1\na2\na3\n")
+    env = {**pbs_env, "PBS_NODEFILE": str(nodefile)}
+    plan = launch.plan_run({"script": example_script, "site": "aurora", "exclude": ["a2"]}, env)
+    assert plan.argv[plan.argv.index("--hosts") + 1] == "a1,a3"
+    assert plan.argv[2] == "24"
+    plan = launch.plan_run({"script": example_script, "site": "aurora", "nodes": 1}, env)
+    assert plan.argv[plan.argv.index("--hosts") + 1] == "a1" and plan.env["WORLD_SIZE"] == "12"
+
+
+def test_port_precedence_and_range(pbs_env, example_script):
+    derived = launch.plan_run({"script": example_script, "site": "aurora"}, pbs_env).env["MASTER_PORT"]
+    assert rendezvous.PORT_BASE <= int(derived) < rendezvous.PORT_BASE + rendezvous.PORT_SPAN
+    assert launch.plan_run({"script": example_script, "site": "aurora"},
+                           {**pbs_env, "MASTER_PORT": "23456"}).env["MASTER_PORT"] == "23456"
+    assert launch.plan_run({"script": example_script, "site": "aurora", "master_port": "31000"},
+                           {**pbs_env, "MASTER_PORT": "23456"}).env["MASTER_PORT"] == "31000"
+    assert launch.plan_run({"script": example_script, "site": "aurora"},
+                           {**pbs_env, "MASTER_ADDR": "10.1.2.3"}).env["MASTER_ADDR"] == "10.1.2.3"
+
+
+def test_derived_port_is_the_same_in_another_process():
+    # Python's hash() is salted per process; the derivation must not be.
+    code = "from sprite.rendezvous import port_from_job_id as p; print(p('123.pbs'))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(other.stdout) == rendezvous.port_from_job_id("123.pbs")
+    assert rendezvous.port_from_job_id("123.pbs") != rendezvous.port_from_job_id("124.pbs")
+
+
+def test_local_plan_uses_supervisor_and_loopback(clean_env, example_script):
+    plan = launch.plan_run({"script": example_script, "devices": 2}, clean_env)
+    assert plan.argv[1:5] == ["-m", "sprite.supervisor", "--nproc", "2"]
+    assert plan.env["MASTER_ADDR"] == "127.0.0.1" and plan.env["WORLD_SIZE"] == "2"
+    assert 1024 <= int(plan.env["MASTER_PORT"]) <= 65535
+
+
+def test_other_flavours(clean_env, slurm_env, example_script):
+    hydra = launch.plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec"}, clean_env)
+    assert hydra.argv[:5] == ["mpiexec", "-n", "2", "-ppn", "2"] and hydra.env[contract.LAUNCHER] == "hydra"
+    ompi = launch.plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec", "mpi": "openmpi"},
+                           clean_env)
+    exported = {ompi.argv[i + 1] for i, arg in enumerate(ompi.argv) if arg == "-x"}
+    assert exported == set(ompi.env)  # Open MPI forwards only what -x names
+    torchrun = launch.plan_run({"script": example_script, "devices": 2, "launcher": "torchrun"}, clean_env)
+    assert torchrun.argv[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node" in torchrun.argv
+    multi = launch.plan_run({"script": example_script, "site": "perlmutter", "launcher": "torchrun"}, slurm_env)
+    assert multi.argv[:2] == ["srun", "--nodes"] and multi.argv[multi.argv.index("--nnodes") + 1] == "2"
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"nodes": 3}, "--nodes 3 asks for more nodes than the SLURM allocation 4242 has (2"),
+    ({"devices": 8}, "SLURM_NTASKS_PER_NODE=4"),
+    ({"strategy": "single"}, "--strategy single runs one rank"),
+    ({"launcher": "local", "nodes": 2}, "--launcher local starts ranks on this machine only"),
+    ({"exclude": ["nid009"]}, "not in the allocation"),
+])
+def test_requests_the_allocation_cannot_hold(slurm_env, example_script, flags, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+        launch.plan_run({"script": example_script, "site": "perlmutter", **flags}, slurm_env)

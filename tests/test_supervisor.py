@@ -1,0 +1,97 @@
+"""sprite's local supervisor with real processes: labels output, stops everything when one rank fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+RANK_SCRIPT = """
+import os, signal, sys, time
+out = sys.argv[1]
+rank = os.environ["RANK"]
+open(os.path.join(out, f"pid{rank}"), "w").write(str(os.getpid()))
+def on_term(signum, frame):
+    open(os.path.join(out, f"term{rank}"), "w").write("1")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+print(f"hello from {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']}", flush=True)
+if rank == os.environ.get("FAIL_RANK"):
+    sys.exit(3)
+time.sleep(float(os.environ.get("SLEEP", "0")))
+"""
+
+
+def start(tmp_path: Path, nproc: int, **env) -> subprocess.Popen:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    full_env = {**os.environ, "WORLD_SIZE": str(nproc), **env}
+    cmd = [sys.executable, "-m", "sprite.supervisor", "--nproc", str(nproc), "--log-dir", str(tmp_path / "logs"),
+           "--", sys.executable, str(script), str(tmp_path)]
+    return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_pids(tmp_path: Path, nproc: int, timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = [tmp_path / f"pid{r}" for r in range(nproc)]
+        if all(f.exists() and f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.05)
+    raise AssertionError("ranks did not start")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"
+
+
+def test_all_ranks_succeed_and_output_is_labelled(tmp_path):
+    proc = start(tmp_path, 3)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    for rank in range(3):
+        assert f"[rank {rank}] hello from {rank} of 3 local {rank}" in out.splitlines()
+        assert f"hello from {rank}" in (tmp_path / "logs" / f"rank{rank}.log").read_text()
+
+
+def test_failed_rank_stops_the_others_and_sets_exit_code(tmp_path):
+    started = time.monotonic()
+    proc = start(tmp_path, 2, FAIL_RANK="1", SLEEP="120")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert time.monotonic() - started < 30
+    assert "rank 1 exited with code 3" in err
+    assert (tmp_path / "term0").exists()  # rank 0 got SIGTERM and could clean up
+    assert not alive(int((tmp_path / "pid0").read_text()))
+
+
+def test_killed_rank_ends_the_run_without_leftovers(tmp_path):
+    proc = start(tmp_path, 2, SLEEP="120")
+    pids = wait_for_pids(tmp_path, 2)
+    os.kill(pids[1], signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_are_forwarded(tmp_path, sig):
+    proc = start(tmp_path, 2, SLEEP="120")
+    pids = wait_for_pids(tmp_path, 2)
+    proc.send_signal(sig)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + sig
+    assert not any(alive(pid) for pid in pids)
+    if sig == signal.SIGTERM:
+        assert (tmp_path / "term0").exists() and (tmp_path / "term1").exists()
