@@ -35,6 +35,9 @@ def clean_env(monkeypatch) -> dict:
     """os.environ without any scheduler or rendezvous variable (as on a laptop), returned as a dict."""
     for name in (*LEAK_GUARDED, *SCHEDULER_VARS):
         monkeypatch.delenv(name, raising=False)
+    # As in an activated venv: its bin (MPICH's mpiexec from the wheel) before /usr/bin, where
+    # slurm-wlm-torque installs a Slurm-only mpiexec.
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     return dict(os.environ)
 
 

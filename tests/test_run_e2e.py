@@ -1,0 +1,95 @@
+"""sprite run end to end: real 2-rank Lightning fits on CPU (gloo) through the local supervisor and MPICH."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ENV_DUMP = """
+import json, os, sys
+from sprite import contract
+json.dump(dict(os.environ), open(os.path.join(sys.argv[1], f"env{os.environ['RANK']}.json"), "w"))
+"""
+
+
+def fit(sprite_cmd, env, out: Path, *flags: str, steps: int = 4) -> subprocess.CompletedProcess:
+    return subprocess.run([*sprite_cmd, "run", "--devices", "2", *flags, str(Path(__file__).parents[1] / "examples"
+                           / "train.py"), "--max-steps", str(steps), "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)
+
+
+def read_ranks(out: Path) -> list[dict]:
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.slow
+def test_local_launcher_two_rank_fit(sprite_cmd, clean_env, tmp_path):
+    result = fit(sprite_cmd, clean_env, tmp_path, "--launcher", "local")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = read_ranks(tmp_path)
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert "[rank 1] rank 1/2: final loss" in result.stdout
+
+
+@pytest.mark.slow
+def test_mpiexec_hydra_two_rank_fit(sprite_cmd, clean_env, tmp_path):
+    mpiexec = shutil.which("mpiexec", path=clean_env["PATH"])
+    assert mpiexec, "MPICH's mpiexec is part of the test extra (pip install mpich)"
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True)
+    assert "HYDRA" in version.stdout + version.stderr
+    result = fit(sprite_cmd, clean_env, tmp_path, "--launcher", "mpiexec", "--mpi", "hydra")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = read_ranks(tmp_path)
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["world_size"] == 2 for r in ranks)
+
+
+def test_ranks_see_every_variable_of_the_plan(sprite_cmd, clean_env, tmp_path):
+    script = tmp_path / "dump.py"
+    script.write_text(ENV_DUMP)
+    base = [*sprite_cmd, "run", "--devices", "2", "--env", "EXTRA_FLAG=1", str(script), str(tmp_path)]
+    plan = json.loads(subprocess.run([*base[:2], "--dry-run", "--json", *base[2:]], env=clean_env,
+                                     capture_output=True, text=True, check=True).stdout)
+    subprocess.run(base, env={**clean_env, "MASTER_PORT": plan["env"]["MASTER_PORT"]}, check=True, timeout=60,
+                   capture_output=True)
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"env{rank}.json").read_text())
+        assert {k: seen.get(k) for k in plan["env"]} == plan["env"]
+        assert seen["RANK"] == seen["LOCAL_RANK"] == str(rank)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.slow
+def test_killing_one_rank_ends_sprite_run_quickly(sprite_cmd, clean_env, tmp_path):
+    proc = subprocess.Popen([*sprite_cmd, "run", "--devices", "2", str(Path(__file__).parents[1] / "examples" /
+                             "train.py"), "--max-steps", "1000000"], env=clean_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not any("[rank 1]" in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = _children(proc.pid)  # sprite run exec'd the supervisor: its children are the ranks
+    assert len(ranks) == 2, lines[-20:]
+    descendants = ranks + [c for r in ranks for c in _children(r)]
+    killed_at = time.monotonic()
+    os.kill(ranks[1], signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode != 0
+    assert time.monotonic() - killed_at < 30
+    time.sleep(0.5)
+    left = [pid for pid in descendants if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
+    assert left == []
