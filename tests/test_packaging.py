@@ -1,0 +1,41 @@
+"""What a plain `pip install .` must carry, and what the planning path must never import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import resources
+
+from sprite import sites
+
+
+def test_site_profiles_and_example_ship_inside_the_package():
+    assert {"aurora", "polaris", "perlmutter", "local"} <= set(sites.available())
+    assert (resources.files("sprite.examples") / "train.py").is_file()
+    aurora = sites.load("aurora")
+    assert aurora.scheduler == "pbs" and aurora.mpi == "pals" and aurora.job["devices"] == 12
+    assert aurora.job["env"]["ZE_FLAT_DEVICE_HIERARCHY"] == "FLAT"
+
+
+def test_planning_and_help_import_no_torch_or_lightning(clean_env, example_script):
+    probe = f"""
+import sys
+from sprite import cli
+for argv in (["--help"], ["run", "--help"], ["env", "--json"], ["run", "--dry-run", "--json", {example_script!r}]):
+    try:
+        cli.main(argv)
+    except SystemExit as exit:
+        assert exit.code == 0, (argv, exit.code)
+heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'torch', 'lightning', 'pytorch_lightning', 'transformers'}})
+sys.stderr.write("HEAVY=" + repr(heavy))
+"""
+    result = subprocess.run([sys.executable, "-c", probe], env=clean_env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.endswith("HEAVY=[]"), result.stderr[-500:]
+
+
+def test_sprite_env_reports_this_machine(sprite_cmd, clean_env):
+    result = subprocess.run([*sprite_cmd, "env", "--json"], env=clean_env, capture_output=True, text=True, timeout=60)
+    info = json.loads(result.stdout)
+    assert info["scheduler"] == "none" and info["nodes"] == 1 and info["backend"] in ("gloo", "nccl", "xccl")
