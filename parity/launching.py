@@ -1,0 +1,43 @@
+"""Starting one arm through sprite's own launch path (the LaunchPlan that `sprite run` executes).
+
+Every rank runs ``python -m sprite.runtime <arm.py> --out DIR --arm NAME [--fault F]``; the runtime fills the
+arm's Trainer from the launched world. ddp/fsdp arms launch the whole world, the single-device arms one rank.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from sprite.parity.settings import DISTRIBUTED_ARMS, Settings
+
+
+def arm_overrides(out: pathlib.Path, arm: str, fault: str | None, settings: Settings) -> dict:
+    """JobSpec fields for one arm (pure: a test can compare them)."""
+    from sprite.parity import arm as worker
+
+    args = ["--out", os.fspath(out), "--arm", arm] + (["--fault", fault] if fault else [])
+    distributed = arm in DISTRIBUTED_ARMS
+    return {
+        "script": worker.__file__,
+        "args": args,
+        "devices": settings.devices if distributed else 1,
+        "nodes": settings.nodes if distributed else 1,
+        "strategy": arm if distributed else "single",
+        "precision": settings.precision,
+        "accelerator": settings.accelerator,
+        "env": {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+    }
+
+
+def launch_arm(out: pathlib.Path, arm: str, fault: str | None, settings: Settings, log: pathlib.Path) -> int:
+    """Runs one arm to completion and returns the launcher's exit code; all output goes to ``log``.
+
+    Raises UsageError when the launch cannot be planned (e.g. --nodes > 1 outside an allocation).
+    """
+    from sprite.execute import run_plan
+    from sprite.launch import plan_run
+
+    plan = plan_run(arm_overrides(out, arm, fault, settings))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return run_plan(plan, log_path=log)
