@@ -101,3 +101,43 @@ def test_global_norm_clipping_under_ddp_and_fsdp2(launches):
         for report in launches.probe("mpiexec", strategy):
             # per-shard clipping would leave a gathered norm near CLIP * sqrt(2)
             assert report["norms"] == pytest.approx([CLIP] * 4, rel=1e-4), strategy
+
+
+def test_bf16_mixed_autocasts_with_an_accelerator_instance(sprite_cmd, tmp_path):
+    out = tmp_path / "bf16"
+    flags = ["--devices", "1", "--launcher", "local", "--accelerator", "cpu"]
+    args = ["--out", str(out), "--accelerator-instance", "--precision", "bf16-mixed", "--max-steps", "2"]
+    proc = sprite_run(sprite_cmd, tmp_path, flags, PROBE, args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "rank0.json").read_text())
+    assert report["precision_plugin"] == "XPUMixedPrecision"
+    assert report["linear_dtypes"] == ["torch.bfloat16"]
+
+
+def test_lightning_alone_still_autocasts_cuda_for_an_accelerator_instance(tmp_path):
+    """The evidence for XPUMixedPrecision (accelerator_connector.py:489): when this fails, the workaround can go."""
+    out = tmp_path / "plain"
+    args = ["--out", str(out), "--accelerator-instance", "--precision", "bf16-mixed", "--max-steps", "1"]
+    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    proc = subprocess.run([sys.executable, PROBE, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "rank0.json").read_text())["linear_dtypes"] == ["torch.float32"]
+
+
+def test_fsdp2_refuses_trainables_outside_fully_shard(sprite_cmd, tmp_path):
+    flags = ["--devices", "2", "--launcher", "local", "--strategy", "fsdp", "--accelerator", "cpu"]
+    proc = sprite_run(sprite_cmd, tmp_path, flags, str(SCRIPTS / "runtime_unsharded.py"), [])
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "FIT FINISHED" not in text
+    line = next(x for x in text.splitlines() if "not managed by fully_shard" in x)
+    assert "extra.weight" in line and "extra.bias" in line and "replicated" in line
+    assert "net." not in line
+
+
+def test_trainer_devices_contradicting_the_launch_fail_before_the_process_group(sprite_cmd, tmp_path):
+    flags = ["--devices", "2", "--launcher", "local", "--accelerator", "cpu"]
+    proc = sprite_run(sprite_cmd, tmp_path, flags, PROBE, ["--out", str(tmp_path / "x"), "--devices", "4"])
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "Trainer(devices=4)" in text and "2 rank(s) per node" in text
+    assert "Initializing distributed" not in text and "Traceback" not in text
