@@ -94,6 +94,7 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 
 def _mount_optional() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    __import__("sprite.submit_cli", fromlist=["register"]).register(app)
     try:
         from sprite.parity.command import app as parity_app
     except ImportError:  # parity harness not built yet

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from sprite import scheduler_spec
 from sprite import spec as specmod
 from sprite import yamlsrc
 from sprite.errors import UsageError
@@ -68,5 +69,9 @@ def load(name: str) -> SiteProfile:
     if data.get("mpi", "hydra") not in specmod.MPI_FLAVOURS[1:]:
         raise doc.error(("mpi",), f"{data['mpi']!r} is not a known MPI flavour.", ", ".join(specmod.MPI_FLAVOURS[1:]))
     data["job"] = specmod.from_document(doc, ("job",)) if "job" in data else {}
+    # submit: job-script defaults (scheduler_spec.CHECKS keys); queues: {name: {min_nodes, max_nodes, max_walltime}}
+    kind = data.get("scheduler") if data.get("scheduler") in scheduler_spec.KINDS else None
+    data["submit"] = scheduler_spec.check_block(doc, ("submit",), kind, site=True)
+    data["queues"] = scheduler_spec.check_queues(doc)
     data.setdefault("name", Path(doc.source).stem)
     return SiteProfile(**data, source=doc.source)

@@ -1,0 +1,133 @@
+"""Value checkers for the ``scheduler:`` block of a job spec and the ``submit:`` block of a site profile.
+
+Each checker takes the raw YAML value and ``complain(what, allowed)`` and returns the clean value or raises
+what ``complain`` builds (a SpecError naming file, line and key).
+
+Every value that reaches a ``#PBS``/``#SBATCH`` directive must be a plain token (letters, digits and
+``_ . , : = @ % + / -``): qsub and sbatch read directives with their own parsers, not the shell's, so no
+quoting can make a space, quote or ``$`` safe there. Setup lines are single commands split into words; each
+word is shell-quoted when rendered, so shell syntax in them is refused rather than silently made literal.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Callable
+
+Complain = Callable[[str, str], Exception]  # (what is wrong, what is allowed) -> error to raise
+
+TOKEN = re.compile(r"[A-Za-z0-9_.,:=@%+/-]+")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+WALLTIME = re.compile(r"(\d{1,3}):([0-5]\d):([0-5]\d)")
+SIGNAL = re.compile(r"(?:SIG)?(USR1|USR2|TERM|INT|HUP|URG|CONT)@(\d{1,5})")
+PLACE = re.compile(r"(free|pack|scatter|vscatter|excl|shared|exclhost)(:(excl|shared|exclhost|group=[a-z]+))*")
+SHELL_SYNTAX = re.compile(r"[$`;&|<>(){}\\!*?\[\]~#]")
+TOKEN_ALLOWED = "letters, digits and _ . , : = @ % + / - (no spaces, quotes, $ or control characters)"
+
+
+def token(value: Any, complain: Complain) -> str:
+    """A directive-safe token. Raises ``complain(...)`` for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise complain(f"{value!r} is not a string.", TOKEN_ALLOWED)
+    text = str(value)
+    if not TOKEN.fullmatch(text):
+        raise complain(f"{text!r} cannot be written safely into a #PBS/#SBATCH directive.", TOKEN_ALLOWED)
+    return text
+
+
+def name(value: Any, complain: Complain) -> str:
+    text = token(value, complain)
+    if not NAME.fullmatch(text):
+        raise complain(f"{text!r} is not a plain name.", "letters, digits, _ . - (starting with a letter or digit)")
+    return text
+
+
+def walltime(value: Any, complain: Complain) -> str:
+    text = str(value) if isinstance(value, str) else ""
+    if not WALLTIME.fullmatch(text):
+        raise complain(f"{value!r} is not a walltime in HH:MM:SS (YAML reads unquoted 1:30:00 as a number).",
+                       'a quoted "HH:MM:SS" with minutes and seconds below 60, e.g. "01:00:00"')
+    return text
+
+
+def seconds(walltime_text: str) -> int:
+    hours, minutes, secs = (int(part) for part in walltime_text.split(":"))
+    return hours * 3600 + minutes * 60 + secs
+
+
+def count(value: Any, complain: Complain) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise complain(f"{value!r} is not a whole number of at least 1.", "an integer such as 2")
+    return value
+
+
+def flag(value: Any, complain: Complain) -> bool:
+    if not isinstance(value, bool):
+        raise complain(f"{value!r} is not true or false.", "true or false")
+    return value
+
+
+def names(value: Any, complain: Complain) -> tuple[str, ...]:
+    """A list (or ``a:b`` string) of plain names, e.g. filesystems ``[home, flare]``."""
+    items = value.split(":") if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise complain(f"{value!r} is not a list of names.", "a YAML list such as [home, flare]")
+    return tuple(name(item, complain) for item in items)
+
+
+def place(value: Any, complain: Complain) -> str:
+    text = token(value, complain)
+    if not PLACE.fullmatch(text):
+        raise complain(f"{text!r} is not a PBS placement.", "free, pack or scatter, optionally :excl, :shared, "
+                       ":exclhost or :group=<resource>, e.g. scatter or scatter:excl")
+    return text
+
+
+def dependency(value: Any, complain: Complain) -> tuple[str, ...]:
+    """Job ids that must finish successfully first (afterok). ``afterok:1:2`` or a list of ids."""
+    if isinstance(value, str) and value.startswith("afterok:"):
+        value = value[len("afterok:"):].split(":")
+    items = value if isinstance(value, list) else [value]
+    return tuple(name(item, lambda what, allowed: complain(
+        what, "afterok:<job id>[:<job id>...] or a list of job ids, e.g. afterok:123456")) for item in items)
+
+
+def preempt_signal(value: Any, complain: Complain) -> tuple[str, int]:
+    match = SIGNAL.fullmatch(str(value)) if isinstance(value, str) else None
+    if not match or int(match.group(2)) < 1:
+        raise complain(f"{value!r} is not SIGNAL@SECONDS.", "USR1, USR2, TERM, INT, HUP, URG or CONT, then @ and the "
+                       "seconds before the walltime ends, e.g. USR1@90")
+    return match.group(1), int(match.group(2))
+
+
+def directives(value: Any, complain: Complain) -> tuple[str, ...]:
+    """Extra directive options such as ``-l debug=true`` or ``--mail-type=END``, each word a safe token."""
+    items = value if isinstance(value, list) else None
+    if items is None or not all(isinstance(item, str) for item in items):
+        raise complain(f"{value!r} is not a list of strings.", 'a YAML list such as ["--mail-type=END"]')
+    for item in items:
+        words = item.split(" ")
+        if not item.startswith("-") or not all(words):
+            raise complain(f"{item!r} is not a directive option.", "an option starting with -, words separated "
+                           "by single spaces, e.g. -l debug=true")
+        for word in words:
+            token(word, complain)
+    return tuple(items)
+
+
+def setup(value: Any, complain: Complain) -> tuple[tuple[str, ...], ...]:
+    """Environment set-up commands (``module load frameworks``), each split into words like a shell would."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise complain(f"{value!r} is not a list of commands.", 'a YAML list such as ["module load frameworks"]')
+    out = []
+    for item in items:
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in item) or SHELL_SYNTAX.search(item):
+            raise complain(f"{item!r} holds shell syntax or control characters; setup lines are single commands "
+                           "whose words are passed literally.", "a command and plain arguments such as module "
+                           "load frameworks; put shell code in a file and use: source /path/to/file.sh")
+        out.append(tuple(shlex.split(item)))
+    return tuple(words for words in out if words)
+
+

@@ -1,0 +1,122 @@
+"""A real single-node Slurm for tests: slurmctld + slurmd started in a temp dir, stopped by their PIDs.
+
+Uses the slurm.conf of shared/FACTS.md (auth/none, no munge, no accounting). ``sacct`` does not work with
+accounting off, so job states come from ``scontrol show job`` while MinJobAge keeps the record.
+Import it from a test module and use the ``slurm`` fixture; it skips only when slurmctld is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CONF = """\
+ClusterName=local
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+SchedulerType=sched/backfill
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+NodeName={host} CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+APT_HINT = "apt-get install -y slurm-wlm slurm-wlm-torque"
+
+
+@dataclass
+class SlurmCluster:
+    """A running cluster: ``env`` has SLURM_CONF and PATH for client commands."""
+
+    dir: Path
+    env: dict
+
+    def job(self, job_id: str) -> dict:
+        """``scontrol show job`` as a dict ({} once the record is gone)."""
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=self.env, capture_output=True,
+                             text=True).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def wait_state(self, job_id: str, states: tuple[str, ...], timeout: float = 120) -> dict:
+        """Poll until the job's JobState is one of ``states``; fail the test with its record on timeout."""
+        deadline = time.monotonic() + timeout
+        info = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in states:
+                return info
+            time.sleep(0.5)
+        pytest.fail(f"job {job_id} did not reach {states} in {timeout}s: {info}")
+
+
+def _wait_idle(env: dict, host: str, procs: list, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a Slurm daemon exited at start; see its log in the cluster dir")
+        out = subprocess.run(["sinfo", "-h", "-n", host, "-o", "%T"], env=env, capture_output=True, text=True)
+        if out.stdout.strip().rstrip("*") in ("idle", "mixed"):
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"the Slurm node {host} did not become idle in {timeout}s")
+
+
+def _stop(procs: list) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # setsid gave each daemon its own group: ours only
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """Start slurmctld and slurmd (foreground, own session) for the test session; stop them by PID after."""
+    if not shutil.which("slurmctld") or not shutil.which("slurmd"):
+        pytest.skip(f"slurmctld/slurmd are not installed (CI: {APT_HINT})")
+    base = tmp_path_factory.mktemp("slurm")
+    host = socket.gethostname().split(".")[0]
+    for sub in ("state", "spool"):
+        (base / sub).mkdir()
+    conf = base / "slurm.conf"
+    conf.write_text(CONF.format(host=host, dir=base, cpus=max(2, os.cpu_count() or 2)))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    procs = [subprocess.Popen([daemon, "-D", "-f", str(conf)], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=(base / f"{daemon}.stderr").open("wb"))
+             for daemon in ("slurmctld", "slurmd")]
+    try:
+        _wait_idle(env, host, procs)
+        yield SlurmCluster(base, env)
+    finally:
+        _stop(procs)
