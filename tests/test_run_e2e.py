@@ -31,12 +31,14 @@ def read_ranks(out: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_local_launcher_two_rank_fit(sprite_cmd, clean_env, tmp_path):
-    result = fit(sprite_cmd, clean_env, tmp_path, "--launcher", "local")
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_two_rank_fit(sprite_cmd, clean_env, tmp_path, launcher):
+    result = fit(sprite_cmd, clean_env, tmp_path, "--launcher", launcher)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = read_ranks(tmp_path)
     assert [r["world_size"] for r in ranks] == [2, 2]
-    assert "[rank 1] rank 1/2: final loss" in result.stdout
+    if launcher == "local":
+        assert "[rank 1] rank 1/2: final loss" in result.stdout
 
 
 @pytest.mark.slow
