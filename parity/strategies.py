@@ -69,4 +69,5 @@ def communication(strategy, net: nn.Module) -> dict:
             "comm_hooks": len(getattr(wrapped, "_comm_hooks", [])),
             "mixed_precision": str(wrapped.mixed_precision),
         }
-    return {"kind": "unknown", "param_dtypes": dtypes}
+    return {"kind": "unknown", "param_dtypes": dtypes, "strategy": type(strategy).__name__,
+            "wrapper": type(wrapped).__name__}

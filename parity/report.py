@@ -1,0 +1,64 @@
+"""Reports: NaN-free JSON files for machines, a rich table (check, value, bound) for people."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+from rich.console import Console
+from rich.table import Table
+
+from sprite.parity.store import clean
+
+
+def write_json(path: pathlib.Path, report: dict) -> None:
+    """Writes ``report`` as strict JSON (non-finite numbers become null), replacing any earlier report."""
+    text = json.dumps(clean(report), indent=1, sort_keys=True, allow_nan=False)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if value is None:
+        return "non-finite"
+    return str(value)
+
+
+def _table(title: str, checks: list[dict]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("check", "value", "bound", "result"):
+        table.add_column(column)
+    for c in checks:
+        result = "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]"
+        table.add_row(c["name"], _value(c["value"]), _value(c["bound"]), result)
+    return table
+
+
+def _fault_table(report: dict) -> Table:
+    table = Table(title="Negative controls", title_justify="left")
+    for column in ("fault", "arm", "status", "reason"):
+        table.add_column(column)
+    for case in report["cases"]:
+        colour = "green" if case["status"] == "rejected" else "red"
+        table.add_row(case["fault"], case["arm"], f"[{colour}]{case['status']}[/{colour}]", case["reason"])
+    return table
+
+
+def show(reports: dict, verdict: str, console: Console | None = None) -> None:
+    """Prints every report as tables, then the overall verdict."""
+    console = console or Console()
+    for name, report in reports.items():
+        if "cases" in report:
+            console.print(_fault_table(report))
+        elif "checks" in report:
+            console.print(_table(f"FP32 parity ({name})", report["checks"]))
+        else:
+            console.print(_table("Invariants (every arm, every step)", report["invariants"]))
+            console.print(_table("Validity gate: split_premul vs split, step 0", report["gate"]))
+            console.print(_table("Scored: ddp and fsdp vs split, step 0", report["scored"]))
+    colour = "green" if verdict == "pass" else "red"
+    console.print(f"verdict: [bold {colour}]{verdict}[/bold {colour}]")

@@ -1,0 +1,57 @@
+"""Runs a parity check: claim a fresh DIR, launch every arm (then the negative controls) one after another."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+from rich.console import Console
+
+from sprite.errors import UsageError
+from sprite.parity import faults
+from sprite.parity.launching import launch_arm
+from sprite.parity.settings import Settings, arm_world
+from sprite.parity.store import ResultError, write_new
+
+
+def claim_dir(out: pathlib.Path, settings: Settings) -> None:
+    """Creates ``out`` and writes run.json. Raises UsageError if ``out`` already holds anything."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} is not empty; refusing to run into it.",
+                         "It holds an earlier run (arms never overwrite results).",
+                         f"Pass a fresh directory, or recompute the old verdict with `sprite parity compare {out}`.")
+    out.mkdir(parents=True, exist_ok=True)
+    write_new(out / "run.json", settings.to_json().encode())
+
+
+def _launch(out, arm, fault, settings, console, index, total) -> int:
+    label = f"fault_{fault}/{arm}" if fault else arm
+    log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
+    console.print(f"[{index}/{total}] {label}: {arm_world(arm, settings)} process(es) ...")
+    start = time.monotonic()
+    code = launch_arm(out, arm, fault, settings, log)
+    state = "done" if code == 0 else f"[red]exit code {code}[/red], see {log}"
+    console.print(f"[{index}/{total}] {label}: {state} in {time.monotonic() - start:.1f} s")
+    return code
+
+
+def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[str, float]:
+    """Launches the clean arms, then every fault case; returns wall seconds per phase.
+
+    Raises ResultError when a clean arm fails (nothing can be compared without it). A failed fault case
+    is left for the comparison, which reports it as not executed.
+    """
+    cases = faults.cases(settings.faults)
+    total, times = len(settings.arms) + len(cases), {}
+    start = time.monotonic()
+    for index, arm in enumerate(settings.arms, 1):
+        if _launch(out, arm, None, settings, console, index, total) != 0:
+            raise ResultError(f"Arm {arm} failed, so the run has no verdict.",
+                              "The arm's processes exited non-zero (its log names the error).",
+                              f"Read {out / 'logs' / (arm + '.log')}, fix the cause, and run into a fresh --out.")
+    times["clean_arms_s"] = time.monotonic() - start
+    start = time.monotonic()
+    for index, (fault, arm) in enumerate(cases, len(settings.arms) + 1):
+        _launch(out, arm, fault, settings, console, index, total)
+    times["fault_arms_s"] = time.monotonic() - start
+    return times
