@@ -1,0 +1,97 @@
+"""sprite sbatch / qsub / status / cancel against a real single-node Slurm (tests/slurm_cluster.py).
+
+The qsub test uses Slurm's PBS-compatible qsub (apt slurm-wlm-torque): its #PBS directives are read by sbatch.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm_cluster import slurm  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def sprite(sprite_cmd, cluster, cwd, *args) -> subprocess.CompletedProcess:
+    done = subprocess.run([*sprite_cmd, *args], env=cluster.env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def submitted(done: subprocess.CompletedProcess) -> tuple[str, Path]:
+    job_id = re.search(r"submitted \w+ job (\S+)", done.stdout).group(1)
+    log = Path(re.search(r"^log\s+(\S+)$", done.stdout, re.M).group(1))
+    return job_id, log
+
+
+def test_sbatch_local_example_runs_two_ranks_to_completion(slurm, sprite_cmd, tmp_path):
+    job_id, log = submitted(sprite(sprite_cmd, slurm, tmp_path, "sbatch", str(REPO / "conf" / "local.job.yaml")))
+    assert log == tmp_path / "sprite-jobs" / f"local-{job_id}.log"
+    assert (tmp_path / "sprite-jobs" / "local.sbatch").is_file()
+    info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=180)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    assert re.search(r"rank 0/2: final loss \d", text) and re.search(r"rank 1/2: final loss \d", text), text[-3000:]
+    status = sprite(sprite_cmd, slurm, tmp_path, "status", job_id).stdout
+    assert "JobState=COMPLETED" in status and "ExitCode=0:0" in status
+
+
+def _spec(tmp_path, script: str, scheduler: dict, **job) -> str:
+    spec = {"site": "local", "script": script, "devices": 1, "accelerator": "cpu",
+            "scheduler": {"walltime": "00:05:00", **scheduler}, **job}
+    path = tmp_path / f"{Path(script).stem}.job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_cancel_a_running_job(slurm, sprite_cmd, tmp_path):
+    (tmp_path / "sleeper.py").write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n")
+    job_id, _ = submitted(sprite(sprite_cmd, slurm, tmp_path, "sbatch", _spec(tmp_path, "sleeper.py", {})))
+    slurm.wait_state(job_id, ("RUNNING",), timeout=60)
+    assert "RUNNING" in sprite(sprite_cmd, slurm, tmp_path, "status", job_id).stdout
+    sprite(sprite_cmd, slurm, tmp_path, "cancel", job_id)
+    assert slurm.wait_state(job_id, ("CANCELLED", "COMPLETED", "FAILED"), timeout=60)["JobState"] == "CANCELLED"
+
+
+SIGNAL_SCRIPT = """\
+import signal, sys, time
+from pathlib import Path
+def handler(signum, frame):
+    Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, handler)
+print("waiting for SIGUSR1", flush=True)
+time.sleep(110)
+sys.exit(3)
+"""
+
+
+def test_preempt_signal_reaches_the_rank(slurm, sprite_cmd, tmp_path):
+    (tmp_path / "trap.py").write_text(SIGNAL_SCRIPT)
+    marker = tmp_path / "got-signal"
+    # Slurm may send the signal up to 60 s before it is due: 120 - 45 - 60 leaves the rank 15 s to start.
+    spec = _spec(tmp_path, "trap.py", {"walltime": "00:02:00", "preempt_signal": "USR1@45"}, args=[str(marker)])
+    job_id, log = submitted(sprite(sprite_cmd, slurm, tmp_path, "sbatch", spec))
+    info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=150)
+    assert marker.exists() and marker.read_text() == "SIGUSR1", log.read_text()[-2000:]
+    assert info["ExitCode"] == "0:0"
+
+
+@pytest.mark.skipif(not shutil.which("qsub"), reason="Slurm's PBS qsub is not installed (apt slurm-wlm-torque)")
+def test_qsub_through_slurms_pbs_wrapper(slurm, sprite_cmd, tmp_path):
+    (tmp_path / "hello.py").write_text("import os\nprint('hello from rank', os.environ['SLURM_PROCID'], flush=True)\n")
+    spec = _spec(tmp_path, "hello.py", {"select": "ncpus=2:mpiprocs=2", "job_name": "pbs-hello"}, devices=2)
+    done = sprite(sprite_cmd, slurm, tmp_path, "qsub", spec)
+    job_id, log = submitted(done)
+    assert log == tmp_path / "sprite-jobs" / "pbs-hello.log"
+    info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=120)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["NumTasks"] == "2" and info["JobName"] == "pbs-hello", text
+    assert "hello from rank 0" in text and "hello from rank 1" in text
