@@ -66,6 +66,8 @@ class ArmModule(L.LightningModule):
         self.injector = Injector(self.fault, rank, world, self.settings.steps)
         self.injector.watch_adapter(list(self.net.named_parameters()))
         self.injector.patch_backbone(self.net, self.device.type)
+        # Lightning unwraps the DDP model before on_fit_end, so the wrapper is inspected here.
+        self.comm = communication(self.trainer.strategy, self.net)
 
     def training_step(self, batch, batch_idx):
         rows, ids, labels = batch
@@ -89,7 +91,7 @@ class ArmModule(L.LightningModule):
         self.step_index += 1
 
     def on_fit_end(self) -> None:
-        self.recorder.finish(communication(self.trainer.strategy, self.net))
+        self.recorder.finish(self.comm)
         self.trainer.strategy.barrier()
         if self.global_rank == 0:
             store.seal(self.target, self.trainer.world_size)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pathlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
 
 from sprite.errors import UsageError
 from sprite.parity import faults
 from sprite.parity.launching import launch_arm
-from sprite.parity.settings import Settings, arm_world
+from sprite.parity.settings import SINGLE_ARMS, Settings, arm_world
 from sprite.parity.store import ResultError, write_new
 
 
@@ -38,14 +39,22 @@ def _launch(out, arm, fault, settings, console, index, total) -> int:
 def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[str, float]:
     """Launches the clean arms, then every fault case; returns wall seconds per phase.
 
-    Raises ResultError when a clean arm fails (nothing can be compared without it). A failed fault case
-    is left for the comparison, which reports it as not executed.
+    The one-process arms run two at a time (independent processes, so their results do not change); the
+    distributed arms run one after another. Raises ResultError when a clean arm fails (nothing can be compared
+    without it). A failed fault case is left for the comparison, which reports it as not executed.
     """
     cases = faults.cases(settings.faults)
     total, times = len(settings.arms) + len(cases), {}
     start = time.monotonic()
-    for index, arm in enumerate(settings.arms, 1):
-        if _launch(out, arm, None, settings, console, index, total) != 0:
+    numbered = list(enumerate(settings.arms, 1))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        single = {arm: pool.submit(_launch, out, arm, None, settings, console, i, total)
+                  for i, arm in numbered if arm in SINGLE_ARMS}
+        codes = {arm: future.result() for arm, future in single.items()}
+    for index, arm in numbered:
+        if arm not in codes:
+            codes[arm] = _launch(out, arm, None, settings, console, index, total)
+        if codes[arm] != 0:
             raise ResultError(f"Arm {arm} failed, so the run has no verdict.",
                               "The arm's processes exited non-zero (its log names the error).",
                               f"Read {out / 'logs' / (arm + '.log')}, fix the cause, and run into a fresh --out.")

@@ -1,0 +1,55 @@
+"""Arm namespaces: no overwrite (partial or complete), manifest sealing, launch overrides. No processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sprite.parity import store
+from sprite.parity.launching import arm_overrides
+from sprite.parity.settings import Settings
+
+
+def _sealed(arm_dir):
+    store.claim(arm_dir, 0)
+    store.write_rank(arm_dir, 0, {"steps": [], "loss": float("nan")})
+    store.write_tensors(arm_dir, {"init/w": np.ones(3, dtype=np.float32)})
+    store.seal(arm_dir, 1)
+
+
+def test_sealed_arm_loads_and_is_nan_free(tmp_path):
+    _sealed(tmp_path / "ref")
+    arm = store.load_arm(tmp_path / "ref")
+    assert arm["ranks"][0]["loss"] is None and arm["tensors"]["init/w"].tolist() == [1, 1, 1]
+
+
+def test_an_arm_refuses_to_overwrite_complete_or_partial_results(tmp_path):
+    _sealed(tmp_path / "ref")
+    with pytest.raises(store.ResultError, match="refusing to overwrite"):
+        store.claim(tmp_path / "ref", 0)
+    partial = tmp_path / "ddp"
+    store.claim(partial, 1)
+    store.write_rank(partial, 1, {"steps": []})
+    with pytest.raises(store.ResultError, match="rank1.json already exists"):
+        store.claim(partial, 1)
+    with pytest.raises(store.ResultError):
+        store.write_rank(partial, 1, {"steps": [1]})
+
+
+def test_unsealed_or_edited_arm_is_rejected_with_a_clear_message(tmp_path):
+    _sealed(tmp_path / "ref")
+    (tmp_path / "ref" / "rank0.json").write_text('{"steps": [], "loss": 0.5}')
+    with pytest.raises(store.ResultError, match="rank0.json is missing or does not match the sha256"):
+        store.load_arm(tmp_path / "ref")
+    (tmp_path / "ref" / "manifest.json").unlink()
+    with pytest.raises(store.ResultError, match="did not finish"):
+        store.load_arm(tmp_path / "ref")
+
+
+def test_arms_launch_through_sprite_plans_with_their_own_world(tmp_path):
+    settings = Settings(precision="bf16-mixed", devices=3)
+    ddp = arm_overrides(tmp_path, "ddp", "skip-update", settings)
+    split = arm_overrides(tmp_path, "split", None, settings)
+    assert (ddp["devices"], ddp["strategy"], ddp["precision"]) == (3, "ddp", "bf16-mixed")
+    assert ddp["args"][-2:] == ["--fault", "skip-update"] and ddp["script"].endswith("arm.py")
+    assert (split["devices"], split["nodes"], split["strategy"]) == (1, 1, "single")
