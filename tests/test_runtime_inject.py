@@ -52,6 +52,7 @@ def test_no_contract_means_no_launch():
         ({**LAUNCH, "SPRITE_DEVICES": "two"}, "SPRITE_DEVICES='two'"),
         ({**LAUNCH, "SPRITE_STRATEGY": "deepspeed"}, "SPRITE_STRATEGY='deepspeed'"),
         ({**LAUNCH, "SPRITE_LAUNCHER": "pbsdsh"}, "SPRITE_LAUNCHER='pbsdsh'"),
+        ({**LAUNCH, "SPRITE_STRATEGY": "single"}, "SPRITE_STRATEGY=single in a launched world of 2"),
     ],
 )
 def test_malformed_contract(env, message):
@@ -60,7 +61,8 @@ def test_malformed_contract(env, message):
 
 
 def test_plain_trainer_gets_the_launched_world(rank1):
-    trainer = lightning.Trainer(max_steps=1, logger=False)  # lightning.Trainer is lightning.pytorch.Trainer
+    assert lightning.Trainer is Trainer  # scripts importing either name get the wrapped __init__
+    trainer = lightning.Trainer(max_steps=1, logger=False)
     assert isinstance(trainer.strategy, DDPStrategy) and type(trainer.strategy).__name__ == "XPUDDPStrategy"
     assert trainer.num_devices == 2 and trainer.num_nodes == 1
     assert isinstance(trainer.strategy.cluster_environment, TorchrunEnvironment)

@@ -57,12 +57,19 @@ def from_env(env: Mapping[str, str]) -> Optional[RuntimeConfig]:
             "The variables come from different launches.",
             "Relaunch with `sprite run` so all of them are set together.",
         )
+    strategy = _choice(env, contract.STRATEGY, STRATEGIES)
+    if strategy == "single" and world > 1:
+        raise UsageError(
+            f"{contract.STRATEGY}=single in a launched world of {world} processes.",
+            "A single-device run trains one process; every other rank would train alone.",
+            "Launch one rank (--devices 1 --nodes 1) or choose ddp or fsdp.",
+        )
     launcher = detect_flavour(env)
     if launcher is not None and launcher not in FLAVOURS:
         raise UsageError(f"{contract.LAUNCHER}={launcher!r} is not allowed.", "", f"Use one of: {', '.join(FLAVOURS)}.")
     return RuntimeConfig(
         accelerator=_choice(env, contract.ACCELERATOR, ACCELERATORS),
-        strategy=_choice(env, contract.STRATEGY, STRATEGIES),
+        strategy=strategy,
         precision=env.get(contract.PRECISION, "").strip() or "auto",
         num_nodes=nodes,
         devices=devices,
