@@ -92,17 +92,16 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
     return pairs
 
 
-def _mount_optional() -> None:
+def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
-    __import__("sprite.submit_cli", fromlist=["register"]).register(app)
-    try:
-        from sprite.parity.command import app as parity_app
-    except ImportError:  # parity harness not built yet
-        return
+    from sprite.parity.command import app as parity_app
+    from sprite.submit_cli import register
+
+    register(app)
     app.add_typer(parity_app, name="parity")
 
 
-_mount_optional()
+_mount_subcommands()
 
 
 def main(argv: Optional[List[str]] = None) -> None:
