@@ -109,6 +109,12 @@ def test_precision_becomes_an_autocast_plugin_for_the_launched_device(rank1):
         inject.launched_trainer_kwargs(cfg(precision="bf16-mixed"), {"precision": "16-mixed"})
 
 
+def test_auto_accelerator_keeps_the_scripts_choice(rank1):
+    kwargs = inject.launched_trainer_kwargs(cfg(accelerator="auto"), {"accelerator": "cpu", "precision": "bf16-mixed"})
+    assert kwargs["accelerator"] == "cpu" and kwargs["plugins"][0].device == "cpu"
+    assert inject.launched_trainer_kwargs(cfg(accelerator="auto"), {})["accelerator"] in ("cpu", "cuda")
+
+
 def test_world_of_one_adds_no_environment():
     kwargs = inject.launched_trainer_kwargs(cfg(devices="1", world_size="1"), {})
     assert kwargs["plugins"] == [] and kwargs["devices"] == 1 and kwargs["strategy"] == "auto"

@@ -30,17 +30,19 @@ def _conflict(arg: str, given, launched: str) -> UsageError:
     )
 
 
-def _accelerator(kind: DeviceType, given):
+def _accelerator(launched: str, given) -> tuple[object, DeviceType]:
+    """The accelerator value and its table row; the script's own choice stands when the launch said "auto"."""
     if given in (None, "auto"):
-        return accelerator_for(kind)
+        kind = device_type(launched)
+        return accelerator_for(kind), kind
     name = given if isinstance(given, str) else getattr(given, "name", lambda: type(given).__name__)()
     try:
-        same = device_type(name).name == kind.name
+        kind = device_type(name)
     except UsageError:
-        same = False
-    if not same:
-        raise _conflict("accelerator", given, f"accelerator {kind.name!r}")
-    return given
+        kind = None
+    if launched != "auto" and (kind is None or kind.name != device_type(launched).name):
+        raise _conflict("accelerator", given, f"accelerator {launched!r}")
+    return given, kind or device_type(launched)
 
 
 def _devices(cfg: RuntimeConfig, given):
@@ -115,11 +117,10 @@ def launched_trainer_kwargs(cfg: RuntimeConfig, kwargs: dict) -> dict:
             launch, or the process's rank variables contradict each other or the launch.
     """
     kwargs = dict(kwargs)
-    kind = device_type(cfg.accelerator)
     if "num_nodes" in kwargs and int(kwargs["num_nodes"]) != cfg.num_nodes:
         raise _conflict("num_nodes", kwargs["num_nodes"], f"{cfg.num_nodes} node(s)")
     kwargs["num_nodes"] = cfg.num_nodes
-    kwargs["accelerator"] = _accelerator(kind, kwargs.get("accelerator"))
+    kwargs["accelerator"], kind = _accelerator(cfg.accelerator, kwargs.get("accelerator"))
     kwargs["devices"] = _devices(cfg, kwargs.get("devices"))
     kwargs["strategy"] = _strategy(cfg, kind, kwargs.get("strategy"), kwargs["devices"])
     given = kwargs.get("plugins")
