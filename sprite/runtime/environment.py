@@ -12,6 +12,7 @@ import os
 from typing import Optional
 
 from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from sprite import contract
 from sprite.errors import UsageError
@@ -72,8 +73,6 @@ class _LaunchedEnvironment(ClusterEnvironment):
 
     def set_global_rank(self, rank: int) -> None:
         self._check("global rank", rank, self.ranks.global_rank)
-        from lightning.fabric.utilities.rank_zero import rank_zero_only
-
         rank_zero_only.rank = rank
 
     def local_rank(self) -> int:
