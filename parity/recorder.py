@@ -8,6 +8,7 @@ collective, so every rank calls every method in the same order.
 from __future__ import annotations
 
 import pathlib
+import time
 
 import torch
 from torch import nn
@@ -23,6 +24,8 @@ class Recorder:
 
     def __init__(self, arm_dir: pathlib.Path, rank: int, meta: dict, model: nn.Module, probe: probes.LinearProbe):
         store.claim(arm_dir, rank)
+        # Wall-clock stamps (seconds since the epoch) split start-up from compute in benchmarks; never scored.
+        self.timing = {"ready": time.time()}
         self.arm_dir, self.rank, self.meta, self.probe = arm_dir, rank, meta, probe
         named = list(model.named_parameters())
         self.names = [name for name, p in named if p.requires_grad]
@@ -71,8 +74,10 @@ class Recorder:
 
     def finish(self, comm: dict) -> None:
         """Writes this rank's record (and rank 0's tensors). Raises ResultError if either exists."""
+        self.timing["done"] = time.time()
         record = {
             "meta": self.meta,
+            "timing": self.timing,
             "comm": comm,
             "trainable": self.names,
             "trainable_count": len(self.params),

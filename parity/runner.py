@@ -25,35 +25,37 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
     write_new(out / "run.json", settings.to_json().encode())
 
 
-def _launch(out, arm, fault, settings, console, index, total) -> int:
+def _launch(out, arm, fault, settings, console, index, total, stamps: dict) -> int:
     label = f"fault_{fault}/{arm}" if fault else arm
     log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
     console.print(f"[{index}/{total}] {label}: {arm_world(arm, settings)} process(es) ...")
-    start = time.monotonic()
+    start, wall = time.monotonic(), time.time()
     code = launch_arm(out, arm, fault, settings, log)
+    stamps[label] = (wall, time.time())
     state = "done" if code == 0 else f"[red]exit code {code}[/red], see {log}"
     console.print(f"[{index}/{total}] {label}: {state} in {time.monotonic() - start:.1f} s")
     return code
 
 
 def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[str, float]:
-    """Launches the clean arms, then every fault case; returns wall seconds per phase.
+    """Launches the clean arms, then every fault case; returns wall seconds per phase, and under "launches"
+    each arm's (start, end) wall-clock stamps.
 
     The one-process arms run two at a time (independent processes, so their results do not change); the
     distributed arms run one after another. Raises ResultError when a clean arm fails (nothing can be compared
     without it). A failed fault case is left for the comparison, which reports it as not executed.
     """
     cases = faults.cases(settings.faults)
-    total, times = len(settings.arms) + len(cases), {}
+    total, times, stamps = len(settings.arms) + len(cases), {}, {}
     start = time.monotonic()
     numbered = list(enumerate(settings.arms, 1))
     with ThreadPoolExecutor(max_workers=2) as pool:
-        single = {arm: pool.submit(_launch, out, arm, None, settings, console, i, total)
+        single = {arm: pool.submit(_launch, out, arm, None, settings, console, i, total, stamps)
                   for i, arm in numbered if arm in SINGLE_ARMS}
         codes = {arm: future.result() for arm, future in single.items()}
     for index, arm in numbered:
         if arm not in codes:
-            codes[arm] = _launch(out, arm, None, settings, console, index, total)
+            codes[arm] = _launch(out, arm, None, settings, console, index, total, stamps)
         if codes[arm] != 0:
             raise ResultError(f"Arm {arm} failed, so the run has no verdict.",
                               "The arm's processes exited non-zero (its log names the error).",
@@ -61,6 +63,7 @@ def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[st
     times["clean_arms_s"] = time.monotonic() - start
     start = time.monotonic()
     for index, (fault, arm) in enumerate(cases, len(settings.arms) + 1):
-        _launch(out, arm, fault, settings, console, index, total)
+        _launch(out, arm, fault, settings, console, index, total, stamps)
     times["fault_arms_s"] = time.monotonic() - start
+    times["launches"] = stamps
     return times

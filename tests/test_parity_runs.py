@@ -1,0 +1,176 @@
+"""`sprite parity` end to end on CPU with gloo: real processes launched through sprite's local supervisor.
+
+Four runs are shared across the assertions (module-scoped): FP32 and BF16 with 2 ranks and with 3 ranks
+(non-power-of-two); the BF16 runs carry the negative controls (loss-level faults at 2 ranks, the four
+DDP-only faults at 3 ranks), so every fault kind is run and must be rejected for its own reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from sprite.parity.command import app
+
+pytestmark = pytest.mark.slow
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, list(args))
+    text = result.output + (getattr(result, "stderr", "") if result.stderr_bytes is not None else "")
+    return result.exit_code, text
+
+
+def _run(tmp_path_factory, name: str, *args: str):
+    out = tmp_path_factory.mktemp(name) / "run"
+    code, text = invoke("--out", str(out), *args)
+    return out, code, text
+
+
+@pytest.fixture(scope="module")
+def fp32_2(tmp_path_factory):
+    return _run(tmp_path_factory, "fp32_2", "--precision", "32-true", "--devices", "2")
+
+
+@pytest.fixture(scope="module")
+def fp32_3(tmp_path_factory):
+    return _run(tmp_path_factory, "fp32_3", "--precision", "32-true", "--devices", "3")
+
+
+@pytest.fixture(scope="module")
+def bf16_2(tmp_path_factory):
+    return _run(tmp_path_factory, "bf16_2", "--precision", "bf16-mixed", "--devices", "2",
+                "--fault", "missing-rank", "--fault", "wrong-scale")
+
+
+@pytest.fixture(scope="module")
+def bf16_3(tmp_path_factory):
+    return _run(tmp_path_factory, "bf16_3", "--precision", "bf16-mixed", "--devices", "3", "--fault",
+                "fp32-backbone", "--fault", "local-adapter", "--fault", "scale-grad", "--fault", "skip-update")
+
+
+def _report(out, name):
+    return json.loads((out / name).read_text())
+
+
+@pytest.mark.parametrize("fixture", ["fp32_2", "fp32_3"])
+def test_fp32_parity_passes(fixture, request):
+    out, code, text = request.getfixturevalue(fixture)
+    assert code == 0, text
+    report = _report(out, "report.json")
+    assert report["verdict"] == "pass" and all(c["passed"] for c in report["checks"])
+    world = int(fixture[-1])
+    devices = [c["value"] for c in report["checks"] if c["family"] == "devices"]
+    assert devices == [world, world]
+    assert "verdict: pass" in text and "ddp pre-norm rel" in text
+
+
+@pytest.mark.parametrize("fixture", ["bf16_2", "bf16_3"])
+def test_bf16_criterion_v2_passes_with_gate_and_invariants(fixture, request):
+    out, code, text = request.getfixturevalue(fixture)
+    assert code == 0, text
+    report = _report(out, "bf16_report.json")
+    assert report["verdict"] == "pass"
+    for part in ("invariants", "gate", "scored"):
+        assert report[part] and all(c["passed"] for c in report[part]), part
+    assert len(report["scored"]) == 8 and len(report["invariants"]) == 6 * 10
+    assert set(report["diagnostics"]["per_step"]) == {
+        "ddp vs split", "fsdp vs split", "split_premul vs split", "ddp vs split_premul", "fsdp vs split_premul"}
+    assert "bf16_vs_fp32" in report["diagnostics"]
+
+
+EVIDENCE = {"missing-rank": {"pre_norm", "gradients"}, "wrong-scale": {"pre_norm", "gradients"},
+            "scale-grad": {"pre_norm", "gradients"}, "fp32-backbone": {"dtype"},
+            "local-adapter": {"synchronized"}, "skip-update": {"synchronized"}}
+
+
+@pytest.mark.parametrize("fixture, expected", [
+    ("bf16_2", [("missing-rank", "ddp"), ("missing-rank", "fsdp"), ("wrong-scale", "ddp"), ("wrong-scale", "fsdp")]),
+    ("bf16_3", [("fp32-backbone", "ddp"), ("local-adapter", "ddp"), ("scale-grad", "ddp"), ("skip-update", "ddp")]),
+])
+def test_every_fault_is_rejected_for_its_own_reason(fixture, expected, request):
+    out, code, _ = request.getfixturevalue(fixture)
+    report = _report(out, "faults_report.json")
+    assert [(c["fault"], c["arm"]) for c in report["cases"]] == expected
+    for case in report["cases"]:
+        assert case["status"] == "rejected", case["reason"]
+        assert case["evidence"] and set(case["evidence"]) <= EVIDENCE[case["fault"]]
+    assert report["verdict"] == "pass" and code == 0
+
+
+def test_compare_recomputes_the_verdict_on_a_copy(fp32_2, tmp_path):
+    out, _, _ = fp32_2
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "report.json").unlink()
+    code, text = invoke("compare", str(copy))
+    assert code == 0, text
+    assert _report(copy, "report.json")["checks"] == _report(out, "report.json")["checks"]
+
+
+def test_compare_fails_clearly_on_a_corrupted_arm_result(fp32_2, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(fp32_2[0], copy)
+    data = bytearray((copy / "ddp" / "tensors.npz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "ddp" / "tensors.npz").write_bytes(bytes(data))
+    code, text = invoke("compare", str(copy))
+    assert code == 1
+    assert "ddp/tensors.npz" in text and "sha256" in text and "Traceback" not in text
+
+
+def test_compare_fails_clearly_on_an_incomplete_arm(fp32_2, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(fp32_2[0], copy)
+    (copy / "fsdp" / "manifest.json").unlink()
+    code, text = invoke("compare", str(copy))
+    assert code == 1 and "fsdp" in text and "manifest.json" in text
+
+
+def test_missing_fault_case_is_not_executed_and_fails(bf16_2, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(bf16_2[0], copy)
+    (copy / "fault_wrong-scale" / "fsdp" / "manifest.json").unlink()
+    code, _ = invoke("compare", str(copy))
+    cases = _report(copy, "faults_report.json")["cases"]
+    assert code == 1
+    assert [c["status"] for c in cases] == ["rejected", "rejected", "rejected", "not executed"]
+
+
+def test_rerun_into_a_used_directory_is_refused(fp32_2):
+    out = fp32_2[0]
+    before = (out / "ddp" / "manifest.json").read_bytes()
+    code, text = invoke("--out", str(out), "--devices", "2")
+    assert code == 2 and "not empty" in text
+    assert (out / "ddp" / "manifest.json").read_bytes() == before
+
+
+def test_reports_are_strict_json(bf16_2):
+    for name in ("bf16_report.json", "faults_report.json"):
+        json.loads((bf16_2[0] / name).read_text(), parse_constant=lambda c: pytest.fail(f"{name} holds {c}"))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--precision", "fp8"], "--precision"),
+    (["--devices", "1"], "more than one rank"),
+    (["--fault", "missing-rank"], "bf16-mixed"),
+    (["--precision", "bf16-mixed", "--fault", "bogus"], "Unknown --fault"),
+    (["--model", "Qwen/Qwen2.5-0.5B"], "hub"),
+])
+def test_bad_usage_exits_2_before_running(args, words, tmp_path):
+    code, text = invoke("--out", str(tmp_path / "never"), *args)
+    assert code == 2 and words in text
+    assert not (tmp_path / "never").exists()
+
+
+def test_command_module_imports_nothing_heavy():
+    probe = "import sys, sprite.parity.command; print(sorted({'torch','lightning','transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
