@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -65,4 +66,6 @@ def test_shipped_examples_render_by_name_from_another_folder(name, cmd, sprite_c
 def test_local_example_runs_the_shipped_example_on_two_ranks(tmp_path):
     text = submit.prepare("local.job.yaml", "slurm", cwd=str(tmp_path)).text
     assert "#SBATCH --ntasks-per-node=2\n" in text
-    assert f"--devices 2 --accelerator cpu --strategy ddp {REPO / 'examples' / 'train.py'} --max-steps 5" in text
+    # The spec's ../examples/train.py resolves beside the installed conf/ (the repo's, in an editable install).
+    shipped = Path(str(resources.files("sprite.examples") / "train.py")).resolve()
+    assert f"--devices 2 --accelerator cpu --strategy ddp {shipped} --max-steps 5" in text
