@@ -12,12 +12,15 @@ import pathlib
 from sprite.parity.settings import DISTRIBUTED_ARMS, Settings
 
 
-def arm_overrides(out: pathlib.Path, arm: str, fault: str | None, settings: Settings) -> dict:
-    """JobSpec fields for one arm (pure: a test can compare them)."""
+def arm_overrides(out: pathlib.Path, arm: str, fault: str | None, settings: Settings, threads: int = 0) -> dict:
+    """JobSpec fields for one arm (pure: a test can compare them). ``threads`` > 0 caps its CPU threads."""
     from sprite.parity import arm as worker
 
     args = ["--out", os.fspath(out), "--arm", arm] + (["--fault", fault] if fault else [])
     distributed = arm in DISTRIBUTED_ARMS
+    env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if threads and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads)
     return {
         "script": worker.__file__,
         "args": args,
@@ -26,11 +29,12 @@ def arm_overrides(out: pathlib.Path, arm: str, fault: str | None, settings: Sett
         "strategy": arm if distributed else "single",
         "precision": settings.precision,
         "accelerator": settings.accelerator,
-        "env": {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+        "env": env,
     }
 
 
-def launch_arm(out: pathlib.Path, arm: str, fault: str | None, settings: Settings, log: pathlib.Path) -> int:
+def launch_arm(out: pathlib.Path, arm: str, fault: str | None, settings: Settings, log: pathlib.Path,
+               threads: int = 0) -> int:
     """Runs one arm to completion and returns the launcher's exit code; all output goes to ``log``.
 
     Raises UsageError when the launch cannot be planned (e.g. --nodes > 1 outside an allocation).
@@ -38,6 +42,6 @@ def launch_arm(out: pathlib.Path, arm: str, fault: str | None, settings: Setting
     from sprite.execute import run_plan
     from sprite.launch import plan_run
 
-    plan = plan_run(arm_overrides(out, arm, fault, settings))
+    plan = plan_run(arm_overrides(out, arm, fault, settings, threads))
     log.parent.mkdir(parents=True, exist_ok=True)
     return run_plan(plan, log_path=log)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,12 +26,12 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
     write_new(out / "run.json", settings.to_json().encode())
 
 
-def _launch(out, arm, fault, settings, console, index, total, stamps: dict) -> int:
+def _launch(out, arm, fault, settings, console, index, total, stamps: dict, threads: int = 0) -> int:
     label = f"fault_{fault}/{arm}" if fault else arm
     log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
     console.print(f"[{index}/{total}] {label}: {arm_world(arm, settings)} process(es) ...")
     start, wall = time.monotonic(), time.time()
-    code = launch_arm(out, arm, fault, settings, log)
+    code = launch_arm(out, arm, fault, settings, log, threads)
     stamps[label] = (wall, time.time())
     state = "done" if code == 0 else f"[red]exit code {code}[/red], see {log}"
     console.print(f"[{index}/{total}] {label}: {state} in {time.monotonic() - start:.1f} s")
@@ -49,8 +50,11 @@ def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[st
     total, times, stamps = len(settings.arms) + len(cases), {}, {}
     start = time.monotonic()
     numbered = list(enumerate(settings.arms, 1))
+    # Two one-process arms share the CPU: each gets half the cores, as Lightning gives each of two local ranks
+    # (16-core H200 host, 2026-11-29: 16 OpenMP threads each made a 0.5B-shape arm ~20x slower).
+    threads = max(1, (os.cpu_count() or 2) // 2)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        single = {arm: pool.submit(_launch, out, arm, None, settings, console, i, total, stamps)
+        single = {arm: pool.submit(_launch, out, arm, None, settings, console, i, total, stamps, threads)
                   for i, arm in numbered if arm in SINGLE_ARMS}
         codes = {arm: future.result() for arm, future in single.items()}
     for index, arm in numbered:
