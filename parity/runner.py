@@ -17,7 +17,16 @@ from sprite.parity.store import ResultError, write_new
 
 
 def claim_dir(out: pathlib.Path, settings: Settings) -> None:
-    """Creates ``out`` and writes run.json. Raises UsageError if ``out`` already holds anything."""
+    """Creates ``out`` and writes run.json.
+
+    Raises UsageError if ``out`` already holds anything, or if the distributed arms cannot be planned here
+    (e.g. --nodes 2 outside an allocation): checked before anything is written.
+    """
+    from sprite.launch import plan_run
+
+    from sprite.parity.launching import arm_overrides
+
+    plan_run(arm_overrides(out, "ddp", None, settings))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} is not empty; refusing to run into it.",
                          "It holds an earlier run (arms never overwrite results).",

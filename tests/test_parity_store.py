@@ -53,3 +53,14 @@ def test_arms_launch_through_sprite_plans_with_their_own_world(tmp_path):
     assert (ddp["devices"], ddp["strategy"], ddp["precision"]) == (3, "ddp", "bf16-mixed")
     assert ddp["args"][-2:] == ["--fault", "skip-update"] and ddp["script"].endswith("arm.py")
     assert (split["devices"], split["nodes"], split["strategy"]) == (1, 1, "single")
+
+
+def test_a_world_that_cannot_be_planned_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from sprite.errors import UsageError
+    from sprite.parity.runner import claim_dir
+
+    for name in ("PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(UsageError):
+        claim_dir(tmp_path / "out", Settings(devices=2, nodes=2))
+    assert not (tmp_path / "out").exists()
