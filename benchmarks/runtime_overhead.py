@@ -42,6 +42,7 @@ def worker(strategy: str, steps: int, warmup: int) -> None:
 
         def training_step(self, batch, batch_idx):
             if batch_idx in (warmup, warmup + steps):
+                self.trained_on = str(self.device)  # Lightning moves the model back to the CPU after fit
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
                 self.times.append(time.perf_counter())
@@ -57,7 +58,7 @@ def worker(strategy: str, steps: int, warmup: int) -> None:
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         precision="bf16-mixed" if torch.cuda.is_available() else "32-true")
     trainer.fit(model, DataLoader(data, batch_size=None))
-    print(json.dumps({"step_s": (model.times[1] - model.times[0]) / steps, "device": str(model.device)}))
+    print(json.dumps({"step_s": (model.times[1] - model.times[0]) / steps, "device": model.trained_on}))
 
 
 def step_time(strategy: str, steps: int, warmup: int) -> tuple[float, str]:
