@@ -49,6 +49,9 @@ def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock
     env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc),
            "NODE_RANK": "0", "GROUP_RANK": "0", "PYTHONUNBUFFERED": "1"}
     env.setdefault("WORLD_SIZE", str(nproc))
+    # N ranks each using every core oversubscribe the CPU (torchrun sets 1 for the same reason); give each
+    # rank its share unless the user chose a value.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=_die_with_parent)
     log = open(log_dir / f"rank{rank}.log", "ab") if log_dir else None

@@ -21,6 +21,7 @@ def on_term(signum, frame):
     sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
 print(f"hello from {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']}", flush=True)
+print(f"threads {os.environ['OMP_NUM_THREADS']}", flush=True)
 if rank == os.environ.get("FAIL_RANK"):
     sys.exit(3)
 time.sleep(float(os.environ.get("SLEEP", "0")))
@@ -56,10 +57,12 @@ def alive(pid: int) -> bool:
         return stat.read().split()[2] != "Z"
 
 
-def test_all_ranks_succeed_and_output_is_labelled(tmp_path):
+def test_all_ranks_succeed_and_output_is_labelled(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     proc = start(tmp_path, 3)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
+    assert f"[rank 2] threads {max(1, (os.cpu_count() or 1) // 3)}" in out.splitlines()
     for rank in range(3):
         assert f"[rank {rank}] hello from {rank} of 3 local {rank}" in out.splitlines()
         assert f"hello from {rank}" in (tmp_path / "logs" / f"rank{rank}.log").read_text()
