@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sprite.contract import BACKENDS
 from sprite.errors import UsageError
 
 
@@ -37,11 +38,8 @@ class DeviceType:
         return 1 if self.name == "cpu" else (self.module().device_count() if self.is_available() else 0)
 
 
-DEVICE_TABLE: dict[str, DeviceType] = {
-    "xpu": DeviceType("xpu", "xccl", "xpu"),
-    "cuda": DeviceType("cuda", "nccl", "cuda"),
-    "cpu": DeviceType("cpu", "gloo", "cpu"),
-}
+# Backend names come from the contract, which the launcher half (sprite env) reads without importing torch.
+DEVICE_TABLE: dict[str, DeviceType] = {name: DeviceType(name, BACKENDS[name], name) for name in ("xpu", "cuda", "cpu")}
 ALIASES = {"gpu": "cuda"}
 PREFERENCE = ("xpu", "cuda", "cpu")  # what "auto" picks, first available wins
 
