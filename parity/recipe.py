@@ -103,17 +103,18 @@ def row_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch
 
 
 def pick_device(accelerator: str) -> torch.device:
-    """The device a single-device arm uses: the requested type, else CUDA, XPU or CPU, whichever exists.
+    """The device a single-device arm uses, from sprite's device table (the row the ddp/fsdp arms' runtime
+    uses too): the requested type, or for "auto" the first available of xpu, cuda, cpu.
 
-    Raises UsageError when the requested accelerator is not available in this process.
+    Raises UsageError when the requested accelerator is unknown or not available in this process.
     """
-    available = {"cuda": torch.cuda.is_available(), "xpu": hasattr(torch, "xpu") and torch.xpu.is_available()}
-    if accelerator in available and not available[accelerator]:
+    from sprite.runtime.devices import device_type
+
+    kind = device_type(accelerator)
+    if not kind.is_available():
         raise UsageError(
             f"--accelerator {accelerator} was requested but torch sees no {accelerator} device.",
             "The job runs on a node without that device, or torch was built without its support.",
             "Run on a node with the device, or pass --accelerator cpu.",
         )
-    if accelerator == "auto":
-        accelerator = next((kind for kind, ok in available.items() if ok), "cpu")
-    return torch.device(accelerator)
+    return torch.device(kind.name)

@@ -64,3 +64,17 @@ def test_a_world_that_cannot_be_planned_is_refused_before_anything_is_written(tm
     with pytest.raises(UsageError):
         claim_dir(tmp_path / "out", Settings(devices=2, nodes=2))
     assert not (tmp_path / "out").exists()
+
+
+def test_single_device_arms_use_the_runtime_device_table():
+    import torch
+
+    from sprite.errors import UsageError
+    from sprite.parity.recipe import pick_device
+    from sprite.runtime.devices import device_type
+
+    assert pick_device("auto").type == device_type("auto").name  # the row the ddp/fsdp arms' runtime picks
+    assert pick_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="sees no cuda device"):
+            pick_device("cuda")
