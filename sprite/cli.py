@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-import click
 import typer
 
 from sprite.errors import EXIT_USAGE, SpriteError, UsageError
@@ -111,12 +110,22 @@ def main(argv: Optional[List[str]] = None) -> None:
     except SpriteError as err:
         print(f"sprite: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
-    except click.exceptions.Exit as err:
+    except typer.Exit as err:
         sys.exit(err.exit_code)
-    except click.ClickException as err:
-        err.show()
-        sys.exit(err.exit_code if err.exit_code else EXIT_USAGE)
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("sprite: aborted", file=sys.stderr)
         sys.exit(130)
+    except typer.TyperException as err:  # typer's own parsing errors: unknown command, missing argument
+        _parse_error(err)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def _parse_error(err: typer.TyperException) -> None:
+    """Print a typer parsing error as one line (or the help, when no arguments were given) and exit 2."""
+    message = err.format_message()
+    if "\n" in message:  # a command given no arguments answers with its help text
+        print(message, file=sys.stderr)
+    else:
+        command = err.ctx.command_path if getattr(err, "ctx", None) else "sprite"
+        print(f"sprite: error: {message.rstrip('.')}. See '{command} --help' for usage.", file=sys.stderr)
+    sys.exit(EXIT_USAGE)

@@ -96,3 +96,14 @@ def test_arguments_after_script_belong_to_the_script(sprite_cmd, clean_env, exam
 def test_help_shows_an_example(sprite_cmd, clean_env):
     result = run_sprite(sprite_cmd, ["run", "--help"], clean_env)
     assert result.returncode == 0 and "sprite run --devices 2 examples/train.py" in result.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["qsub"], "Missing argument 'spec'. See 'sprite qsub --help'"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["env", "--bogus"], "No such option: --bogus."),
+    (["run", "--nodes"], "'--nodes' requires an argument"),
+])
+def test_parsing_errors_are_one_line(sprite_cmd, clean_env, args, fragment):
+    result = run_sprite(sprite_cmd, args, clean_env)
+    assert_one_line_usage_error(result, fragment)
