@@ -18,7 +18,8 @@ from sprite.parity import probes, recipe, store
 from sprite.parity.inject import Injector
 from sprite.parity.recorder import Recorder
 from sprite.parity.settings import Settings
-from sprite.parity.strategies import communication, shard, trainer_kwargs
+from sprite.parity.strategies import communication, trainer_kwargs
+from sprite.runtime.shard import shard_model
 
 
 class Rows(Dataset):
@@ -45,8 +46,8 @@ class ArmModule(L.LightningModule):
         self.step_index, self.pending = 0, None
 
     def configure_model(self) -> None:
-        if self.arm == "fsdp":
-            shard(self.net, self.device_mesh["data_parallel"])
+        if self.arm == "fsdp":  # each decoder layer, then the root; default fp32 policy
+            shard_model(self.net, self.device_mesh["data_parallel"])
 
     def train_dataloader(self) -> DataLoader:
         world = self.trainer.world_size

@@ -1,7 +1,7 @@
-"""How the ddp and fsdp arms get their Trainer arguments, shard their model and describe communication.
+"""How the ddp and fsdp arms get their Trainer arguments and describe communication.
 
 The launched world (SPRITE_* variables, or the arm's settings when run without sprite's launcher) decides
-devices and nodes. FSDP2 is data parallel over every process: fully_shard on each decoder layer, then root.
+devices and nodes.
 """
 
 from __future__ import annotations
@@ -21,34 +21,14 @@ def under_sprite_runtime() -> bool:
 
 def trainer_kwargs(arm: str, settings: Settings) -> dict:
     """Trainer arguments for the ddp or fsdp arm: none under sprite's runtime (it fills in the launched world);
-    otherwise Lightning's own DDP / ModelParallel strategy and precision plugin (direct runs, debugging)."""
+    otherwise the same strategy, device and precision plugin from ``sprite.trainer_kwargs`` (direct runs,
+    debugging)."""
     if under_sprite_runtime():
         return {}
-    from lightning.pytorch.plugins import MixedPrecision
-    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+    from sprite.runtime.kwargs import trainer_kwargs as sprite_trainer_kwargs
 
-    from sprite.parity.recipe import pick_device
-
-    device = pick_device(settings.accelerator).type
-    if arm == "ddp":
-        strategy = DDPStrategy()
-    else:
-        strategy = ModelParallelStrategy(data_parallel_size=settings.world, tensor_parallel_size=1)
-    kwargs = dict(accelerator=device, devices=settings.devices, num_nodes=settings.nodes, strategy=strategy)
-    if settings.precision == "bf16-mixed":
-        # An accelerator given as anything but "cpu"/"mps" autocasts for "cuda" (Lightning 2.6.6
-        # accelerator_connector.py:489); an explicit plugin names the device.
-        kwargs["plugins"] = [MixedPrecision("bf16-mixed", device=device)]
-    else:
-        kwargs["precision"] = "32-true"
-    return kwargs
-
-
-def shard(net: nn.Module, mesh) -> None:
-    """Applies FSDP2 with sprite.shard_model (each decoder layer, then the root; default fp32 policy)."""
-    from sprite.runtime.shard import shard_model
-
-    shard_model(net, mesh)
+    return sprite_trainer_kwargs(arm, devices=settings.devices, num_nodes=settings.nodes,
+                                 precision=settings.precision, accelerator=settings.accelerator)
 
 
 def communication(strategy, net: nn.Module) -> dict:
