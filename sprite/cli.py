@@ -49,6 +49,9 @@ def run(
 ) -> None:
     from sprite import execute, launch
 
+    if script and script.startswith("-"):  # unknown options land here (sprite's options end at SCRIPT)
+        raise UsageError(f"sprite run has no option {script}.", "sprite's options come before SCRIPT.",
+                         "See 'sprite run --help' for the options.")
     if json_out and not dry_run:
         raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
     flags = {

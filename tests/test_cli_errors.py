@@ -103,6 +103,7 @@ def test_help_shows_an_example(sprite_cmd, clean_env):
     (["nosuch"], "No such command 'nosuch'"),
     (["env", "--bogus"], "No such option: --bogus."),
     (["run", "--nodes"], "'--nodes' requires an argument"),
+    (["run", "--bogus", "train.py"], "sprite run has no option --bogus."),
 ])
 def test_parsing_errors_are_one_line(sprite_cmd, clean_env, args, fragment):
     result = run_sprite(sprite_cmd, args, clean_env)
