@@ -58,16 +58,18 @@ def register(app: typer.Typer) -> None:
 
     scheduler_opt = typer.Option(None, "--scheduler", help="pbs|slurm; default: the site's, else the client on PATH")
     site_opt = typer.Option(None, "--site", help="site profile whose scheduler to ask")
+    job_id_arg = typer.Argument(..., help="the job id sprite qsub/sbatch printed")
 
-    @app.command("status", help="Show a job's state (qstat / squeue, or scontrol once it left the queue).")
-    def status(job_id: str = typer.Argument(...), scheduler: Optional[str] = scheduler_opt,
+    @app.command("status", help="Show a job's state (qstat / squeue, or scontrol once it left the queue).\n\n"
+                                "Example: sprite status 1234")
+    def status(job_id: str = job_id_arg, scheduler: Optional[str] = scheduler_opt,
                site: Optional[str] = site_opt):
         from sprite import submit
 
         typer.echo(submit.status(_job_id(job_id), submit.pick(_kind(scheduler), site)))
 
-    @app.command("cancel", help="Cancel a job (qdel / scancel).")
-    def cancel(job_id: str = typer.Argument(...), scheduler: Optional[str] = scheduler_opt,
+    @app.command("cancel", help="Cancel a job (qdel / scancel).\n\nExample: sprite cancel 1234")
+    def cancel(job_id: str = job_id_arg, scheduler: Optional[str] = scheduler_opt,
                site: Optional[str] = site_opt):
         from sprite import submit
 

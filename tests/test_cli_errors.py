@@ -93,9 +93,14 @@ def test_arguments_after_script_belong_to_the_script(sprite_cmd, clean_env, exam
     assert plan["env"]["SPRITE_NUM_NODES"] == "1"  # the script's --nodes is not sprite's
 
 
-def test_help_shows_an_example(sprite_cmd, clean_env):
-    result = run_sprite(sprite_cmd, ["run", "--help"], clean_env)
-    assert result.returncode == 0 and "sprite run --devices 2 examples/train.py" in result.stdout
+@pytest.mark.parametrize("command, example", [
+    ("run", "sprite run --devices 2 examples/train.py"), ("env", "sprite env --json"),
+    ("qsub", "sprite qsub --dry-run aurora.job.yaml"), ("sbatch", "sprite sbatch --dry-run perlmutter.job.yaml"),
+    ("status", "sprite status 1234"), ("cancel", "sprite cancel 1234"),
+])
+def test_help_shows_an_example(sprite_cmd, clean_env, command, example):
+    result = run_sprite(sprite_cmd, [command, "--help"], clean_env)
+    assert result.returncode == 0 and example in result.stdout
 
 
 @pytest.mark.parametrize("args, fragment", [
