@@ -83,7 +83,7 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     return env
 
 
-def _pals(spec, site, world, ctx, cmd):
+def _pals(site, world, ctx, cmd, env):
     argv = ["mpiexec", "-n", str(world.size), "--ppn", str(world.devices)]
     if site.cpu_bind:
         argv += ["--cpu-bind", site.cpu_bind]
@@ -94,14 +94,14 @@ def _pals(spec, site, world, ctx, cmd):
     return argv + ["--envall", *cmd]
 
 
-def _hydra(spec, site, world, ctx, cmd):
+def _hydra(site, world, ctx, cmd, env):
     argv = ["mpiexec", "-n", str(world.size), "-ppn", str(world.devices)]
     if world.alloc.scheduler != "none":
         argv += ["-hosts", ",".join(world.hosts)]
     return argv + cmd
 
 
-def _openmpi(spec, site, world, ctx, cmd, env):
+def _openmpi(site, world, ctx, cmd, env):
     argv = ["mpirun", "-n", str(world.size), "--map-by", f"ppr:{world.devices}:node"]
     if world.alloc.scheduler != "none":
         argv += ["--host", ",".join(f"{h}:{world.devices}" for h in world.hosts)]
@@ -114,7 +114,7 @@ def _openmpi(spec, site, world, ctx, cmd, env):
     return argv + cmd
 
 
-def _srun(spec, site, world, ctx, cmd):
+def _srun(site, world, ctx, cmd, env):
     argv = ["srun", "--nodes", str(world.nodes), "--ntasks", str(world.size),
             "--ntasks-per-node", str(world.devices)]
     if world.subset:
@@ -126,7 +126,7 @@ def _srun(spec, site, world, ctx, cmd):
     return argv + ["--kill-on-bad-exit=1", "--export=ALL", *cmd]
 
 
-def _torchrun(spec, site, world, ctx, cmd, env):
+def _torchrun(site, world, ctx, cmd, env):
     endpoint = f"{env[contract.MASTER_ADDR]}:{env[contract.MASTER_PORT]}"
     argv = [ctx.python, "-m", "torch.distributed.run", "--nnodes", str(world.nodes),
             "--nproc-per-node", str(world.devices), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
@@ -140,20 +140,18 @@ def _torchrun(spec, site, world, ctx, cmd, env):
     return ["mpiexec", "-n", str(world.nodes), "--ppn", "1", "--hosts", ",".join(world.hosts), "--envall", *argv]
 
 
-def _local(spec, site, world, ctx, cmd):
+def _local(site, world, ctx, cmd, env):
     return [ctx.python, "-m", "sprite.supervisor", "--nproc", str(world.devices), "--", *cmd]
+
+
+# One argv builder per contract.LAUNCHER_FLAVOURS entry: (site, world, ctx, rank command, rank env) -> argv.
+BUILDERS = {"pals": _pals, "hydra": _hydra, "openmpi": _openmpi, "srun": _srun, "torchrun": _torchrun,
+            "local": _local}
+assert set(BUILDERS) == set(contract.LAUNCHER_FLAVOURS)
 
 
 def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> LaunchPlan:
     """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments."""
-    cmd = rank_command(spec, ctx)
     env = environment(spec, site, world, ctx)
-    flavour = world.flavour
-    if flavour == "openmpi":
-        argv = _openmpi(spec, site, world, ctx, cmd, env)
-    elif flavour == "torchrun":
-        argv = _torchrun(spec, site, world, ctx, cmd, env)
-    else:
-        builder = {"pals": _pals, "hydra": _hydra, "srun": _srun, "local": _local}[flavour]
-        argv = builder(spec, site, world, ctx, cmd)
+    argv = BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
     return LaunchPlan(argv, env, world)
