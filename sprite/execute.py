@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -50,8 +51,6 @@ def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: floa
     Raises UsageError when the launcher program is missing; subprocess.TimeoutExpired after ``timeout``.
     """
     program = resolve_program(plan)
-    if log_path is None:
-        return subprocess.run([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, timeout=timeout).returncode
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") if log_path is not None else contextlib.nullcontext() as log:
         return subprocess.run([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, stdout=log,
-                              stderr=subprocess.STDOUT, timeout=timeout).returncode
+                              stderr=subprocess.STDOUT if log else None, timeout=timeout).returncode
