@@ -7,7 +7,7 @@ dropped: the first host is the rendezvous host and host order is node-rank order
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -107,4 +107,4 @@ def exclude(alloc: Allocation, names: tuple[str, ...]) -> Allocation:
     kept = tuple(h for h in alloc.hosts if h not in dropped)
     if not kept:
         raise UsageError("--exclude removes every host of the allocation.", "", "Keep at least one host.")
-    return Allocation(alloc.scheduler, alloc.job_id, kept, alloc.tasks_per_node, alloc.nodefile)
+    return replace(alloc, hosts=kept)
