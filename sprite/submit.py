@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from sprite import jobscript, launch, scheduler_spec, spec, submit_command, submit_directives, yamlsrc
+from sprite import jobscript, launch, scheduler_spec, sites, spec, submit_command, submit_directives, yamlsrc
 from sprite.errors import UsageError
 
 SUBMIT = {"pbs": "qsub", "slurm": "sbatch"}
@@ -105,10 +105,9 @@ def pick(scheduler: str | None, site_name: str | None) -> str:
     """"pbs" or "slurm": the flag, else the site's scheduler, else whichever client is on PATH."""
     if scheduler:
         return scheduler
-    if site_name:
-        from sprite import sites
-        if sites.load(site_name).scheduler in SUBMIT:
-            return sites.load(site_name).scheduler
+    site_scheduler = sites.load(site_name).scheduler if site_name else None
+    if site_scheduler in SUBMIT:
+        return site_scheduler
     for kind, probe in (("slurm", "squeue"), ("pbs", "qstat")):  # Slurm first: its qstat may be a PBS wrapper
         if shutil.which(probe):
             return kind
