@@ -26,7 +26,8 @@ def run(argv: list[str]) -> None:
         raise UsageError("No script given.", USAGE, "Pass the training script and its arguments.")
     script = argv[0]
     if not os.path.isfile(script):
-        raise UsageError(f"Script {script!r} does not exist.", "", f"Check the path (cwd: {os.getcwd()}).")
+        raise UsageError(f"Script {script!r} does not exist.", "A relative path is read from the rank's working"
+                         " directory.", f"Check the path (cwd: {os.getcwd()}).")
     from sprite.runtime import config, inject, plguard, registry
 
     cfg = config.from_env(os.environ)

@@ -27,7 +27,8 @@ class XPUAccelerator(Accelerator):
             SpriteError: the device is not an XPU, or this process cannot see it.
         """
         if device.type != "xpu":
-            raise SpriteError(f"XPUAccelerator was given device {device}.", "", "Pass an xpu device.")
+            raise SpriteError(f"XPUAccelerator was given device {device}.", "It drives Intel XPUs only.",
+                              "Pass an xpu device, or use Lightning's accelerator for that device type.")
         visible = _XPU.device_count()
         index = device.index or 0
         if index >= visible:

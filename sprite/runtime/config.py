@@ -11,6 +11,7 @@ from sprite.runtime.ranks import FLAVOURS, detect_flavour
 
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
+_CAUSE = "sprite run never exports it so: it was set by hand or changed after the launch."
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,15 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw:
         return default
     if not raw.isdigit() or int(raw) < 1:
-        raise UsageError(f"{name}={raw!r} is not a positive integer.", "", f"Unset {name} or relaunch with sprite run.")
+        raise UsageError(f"{name}={raw!r} is not a positive integer.", _CAUSE,
+                         f"Unset {name} or relaunch with sprite run.")
     return int(raw)
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
     value = env.get(name, "").strip() or "auto"
     if value not in allowed:
-        raise UsageError(f"{name}={value!r} is not allowed.", "", f"Use one of: {', '.join(allowed)}.")
+        raise UsageError(f"{name}={value!r} is not allowed.", _CAUSE, f"Use one of: {', '.join(allowed)}.")
     return value
 
 
@@ -66,7 +68,8 @@ def from_env(env: Mapping[str, str]) -> Optional[RuntimeConfig]:
         )
     launcher = detect_flavour(env)
     if launcher is not None and launcher not in FLAVOURS:
-        raise UsageError(f"{contract.LAUNCHER}={launcher!r} is not allowed.", "", f"Use one of: {', '.join(FLAVOURS)}.")
+        raise UsageError(f"{contract.LAUNCHER}={launcher!r} is not allowed.", _CAUSE,
+                         f"Use one of: {', '.join(FLAVOURS)}.")
     return RuntimeConfig(
         accelerator=_choice(env, contract.ACCELERATOR, ACCELERATORS),
         strategy=strategy,

@@ -62,7 +62,8 @@ def make_strategy(strategy: str, kind: DeviceType, devices) -> Strategy:
         return XPUDDPStrategy()
     if strategy == "fsdp":
         return FSDP2Strategy()
-    raise UsageError(f"Unknown strategy {strategy!r}.", "", f"Use one of: {', '.join(STRATEGIES)}.")
+    raise UsageError(f"Unknown strategy {strategy!r}.", "sprite builds only its own single, DDP and FSDP2 strategies.",
+                     f"Use one of: {', '.join(STRATEGIES)}.")
 
 
 def trainer_kwargs(

@@ -125,7 +125,8 @@ def resolve_ranks(env: Mapping[str, str], flavour: str, hostname: Optional[str] 
             this host not in SPRITE_HOSTS; ranks not placed in blocks of ranks-per-node.
     """
     if flavour not in FLAVOURS:
-        raise UsageError(f"Unknown launcher {flavour!r}.", "", f"Use one of: {', '.join(FLAVOURS)}.")
+        raise UsageError(f"Unknown launcher {flavour!r}.", "sprite reads ranks only for the flavours it launches.",
+                         f"Use one of: {', '.join(FLAVOURS)}.")
     spec = FLAVOURS[flavour]
     rank = _require(_read(env, spec.rank, "rank"), spec.rank, "rank", flavour)
     local = _require(_read(env, spec.local_rank, "local rank"), spec.local_rank, "local rank", flavour)
