@@ -94,7 +94,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         env = self.cluster_environment
         if env is None or not env.creates_processes_externally:
             return
-        if type(env) is LightningEnvironment:  # its world_size() is 1 until Lightning sets it
+        # LightningEnvironment.world_size() is 1 until Lightning sets it (Lightning 2.6.6
+        # fabric/plugins/environments/lightning.py:44), so the launched count comes from WORLD_SIZE.
+        if type(env) is LightningEnvironment:
             if "WORLD_SIZE" not in os.environ:
                 return
             launched = int(os.environ["WORLD_SIZE"])
