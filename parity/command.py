@@ -38,11 +38,16 @@ def _fail(err: SpriteError) -> None:
 def _settings(precision, devices, nodes, model, accelerator, fault):
     from sprite.parity import faults
     from sprite.parity.settings import PRECISIONS, PRESETS, Settings
+    from sprite.runtime.config import ACCELERATORS  # light: no torch or lightning
 
     if precision not in PRECISIONS:
-        raise UsageError(f"--precision {precision!r} is not supported.", "", f"Use one of: {', '.join(PRECISIONS)}.")
-    if accelerator not in ("auto", "cpu", "cuda", "xpu"):
-        raise UsageError(f"--accelerator {accelerator!r} is not supported.", "", "Use auto, cpu, cuda or xpu.")
+        raise UsageError(f"--precision {precision!r} is not supported.",
+                         "Parity has a rule only for FP32 and for BF16 autocast (criterion v2).",
+                         f"Use one of: {', '.join(PRECISIONS)}.")
+    if accelerator not in ACCELERATORS:
+        raise UsageError(f"--accelerator {accelerator!r} is not supported.",
+                         "The arms run only on the device types in sprite's device table.",
+                         f"Use one of: {', '.join(ACCELERATORS)}.")
     if devices < 1 or nodes < 1 or devices * nodes < 2:
         raise UsageError(f"--devices {devices} --nodes {nodes} gives {devices * nodes} rank(s).",
                          "Parity compares a distributed run with one device, so it needs more than one rank.",
