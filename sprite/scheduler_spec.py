@@ -54,21 +54,13 @@ class SchedulerBlock:
     cpus_per_task: int | None = None
 
 
-def _where(doc: YamlDoc, section: tuple) -> Callable:
-    return lambda key: lambda what, allowed="": doc.error((*section, key), what, allowed)
-
-
 def check_block(doc: YamlDoc, section: tuple, kind: str | None, site: bool = False) -> dict:
     """Validated values of the mapping at ``section`` of ``doc``; ``kind`` ("pbs"/"slurm") refuses the other's keys.
 
     Raises SpecError naming file, line and key for an unknown key, a key of the other scheduler or a bad value.
     """
-    raw = doc.data
-    for key in section:
-        raw = raw.get(key) or {}
-    if not isinstance(raw, dict):
-        raise doc.error(section, f"{raw!r} is not a mapping.", "a block of key: value lines")
-    complain_for = _where(doc, section)
+    raw = doc.mapping(section)
+    complain_for = doc.complainer(section)
     allowed = [key for key in CHECKS if not (site and key in NOT_IN_SITE)]
     out = {}
     for key, value in raw.items():
@@ -89,8 +81,8 @@ def check_queues(doc: YamlDoc, section: tuple = ("queues",)) -> dict:
         raise doc.error(section, f"{table!r} is not a mapping of queue names.", "queue: {max_nodes: N, ...}")
     out = {}
     for queue, limits in table.items():
-        complain_for = _where(doc, (*section, str(queue)))
-        v.name(queue, _where(doc, section)(str(queue)))
+        complain_for = doc.complainer((*section, str(queue)))
+        v.name(queue, doc.complainer(section)(str(queue)))
         if not isinstance(limits, dict):
             raise doc.error((*section, str(queue)), "is not a mapping of limits.", ", ".join(QUEUE_KEYS))
         for key in limits:

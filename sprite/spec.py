@@ -130,10 +130,7 @@ def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
 
     Relative ``script`` paths resolve against the file's folder. Raises SpecError naming file, line and key.
     """
-    values = doc.data
-    for key in section:
-        values = values.get(key) or {}
-    checked = check_values(values, lambda key: lambda what, allowed="": doc.error((*section, key), what, allowed))
+    checked = check_values(doc.mapping(section), doc.complainer(section))
     if "script" in checked:
         checked["script"] = str((Path(doc.source).parent / checked["script"]).resolve())
     return checked

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -29,6 +30,19 @@ class YamlDoc:
     def error(self, path: tuple, what: str, allowed: str = "") -> SpecError:
         """A SpecError pointing at ``path`` (a tuple of keys) in this document."""
         return SpecError(self.source, self.line(*path), ".".join(path), what, allowed)
+
+    def complainer(self, section: tuple = ()) -> Callable[[str], Callable[..., SpecError]]:
+        """``complainer(section)(key)(what, allowed)`` is the SpecError for ``key`` inside ``section``."""
+        return lambda key: lambda what, allowed="": self.error((*section, key), what, allowed)
+
+    def mapping(self, section: tuple = ()) -> dict:
+        """The mapping at ``section`` ({} when absent or empty). Raises SpecError when it is not a mapping."""
+        value = self.data
+        for depth, key in enumerate(section):
+            value = value.get(key) or {}
+            if not isinstance(value, dict):
+                raise self.error(section[:depth + 1], f"{value!r} is not a mapping.", "a block of key: value lines")
+        return value
 
 
 def _walk(node: yaml.Node, prefix: tuple, lines: dict) -> None:

@@ -113,3 +113,10 @@ def test_help_shows_an_example(sprite_cmd, clean_env, command, example):
 def test_parsing_errors_are_one_line(sprite_cmd, clean_env, args, fragment):
     result = run_sprite(sprite_cmd, args, clean_env)
     assert_one_line_usage_error(result, fragment)
+
+
+def test_site_profile_job_block_that_is_not_a_mapping(sprite_cmd, clean_env, tmp_path, example_script):
+    profile = tmp_path / "mine.yaml"
+    profile.write_text("name: mine\njob: [1, 2]\n")
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", "--site", str(profile), example_script], clean_env)
+    assert_one_line_usage_error(result, f"{profile}:2", "'job'", "is not a mapping")
