@@ -56,11 +56,12 @@ class Ranks:
     node_rank: int
 
 
-def _read(env: Mapping[str, str], names: tuple[str, ...], what: str) -> Optional[int]:
-    """The one value all set ``names`` agree on, or None when none is set.
+def _read(env: Mapping[str, str], names: tuple[str, ...], what: str, flavour: str = "") -> Optional[int]:
+    """The one value all set ``names`` agree on; None when none is set, unless ``flavour`` requires one.
 
     Raises:
-        UsageError: a value is not an integer, or two set variables disagree (naming each variable and value).
+        UsageError: a value is not an integer, two set variables disagree (naming each variable and value), or
+            ``flavour`` is given and none of ``names`` is set.
     """
     found: dict[str, int] = {}
     for name in names:
@@ -82,11 +83,7 @@ def _read(env: Mapping[str, str], names: tuple[str, ...], what: str) -> Optional
             "A variable was inherited from an outer launcher or job step (a stale RANK=0 is typical).",
             "Unset the stale variables before launching, e.g. `env -u RANK -u LOCAL_RANK -u WORLD_SIZE ...`.",
         )
-    return next(iter(found.values()), None)
-
-
-def _require(value: Optional[int], names: tuple[str, ...], what: str, flavour: str) -> int:
-    if value is None:
+    if flavour and not found:
         raise UsageError(
             f"No {what} for this process: none of {', '.join(names)} is set.",
             f"The '{flavour}' launcher did not start this process, or did not export its {what}.",
@@ -94,7 +91,7 @@ def _require(value: Optional[int], names: tuple[str, ...], what: str, flavour: s
             if what == "world size"
             else "Start ranks through `sprite run` with the launcher that matches SPRITE_LAUNCHER.",
         )
-    return value
+    return next(iter(found.values()), None)
 
 
 def node_from_hosts(hosts: list[str], hostname: str) -> int:
@@ -128,9 +125,9 @@ def resolve_ranks(env: Mapping[str, str], flavour: str, hostname: Optional[str] 
         raise UsageError(f"Unknown launcher {flavour!r}.", "sprite reads ranks only for the flavours it launches.",
                          f"Use one of: {', '.join(FLAVOURS)}.")
     spec = FLAVOURS[flavour]
-    rank = _require(_read(env, spec.rank, "rank"), spec.rank, "rank", flavour)
-    local = _require(_read(env, spec.local_rank, "local rank"), spec.local_rank, "local rank", flavour)
-    world = _require(_read(env, spec.world_size, "world size"), spec.world_size, "world size", flavour)
+    rank = _read(env, spec.rank, "rank", flavour)
+    local = _read(env, spec.local_rank, "local rank", flavour)
+    world = _read(env, spec.world_size, "world size", flavour)
     if not 0 <= rank < world or not 0 <= local <= rank:
         raise UsageError(
             f"Rank {rank} (local rank {local}) does not fit a world of {world} processes.",
