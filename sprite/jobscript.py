@@ -19,10 +19,10 @@ TEMPLATES = {"pbs": "pbs.sh.tmpl", "slurm": "slurm.sh.tmpl"}
 
 def check_text(key: str, text: str) -> str:
     """``text`` unchanged. Raises UsageError naming ``key`` when it holds a newline or other control character."""
-    bad = [ch for ch in text if ord(ch) < 32 or ord(ch) == 127]
+    bad = submit_values.control_char(text)
     if bad:
         raise UsageError(
-            f"{key} = {text!r} holds the control character {bad[0]!r}.",
+            f"{key} = {text!r} holds the control character {bad!r}.",
             "A newline or control character in a job script would end the line it is written on.",
             "Remove it from the spec (YAML block scalars | and > keep newlines).",
         )

@@ -26,6 +26,11 @@ SHELL_SYNTAX = re.compile(r"[$`;&|<>(){}\\!*?\[\]~#]")
 TOKEN_ALLOWED = "letters, digits and _ . , : = @ % + / - (no spaces, quotes, $ or control characters)"
 
 
+def control_char(text: str) -> str | None:
+    """The first newline or other control character in ``text``, else None."""
+    return next((ch for ch in text if ord(ch) < 32 or ord(ch) == 127), None)
+
+
 def token(value: Any, complain: Complain) -> str:
     """A directive-safe token. Raises ``complain(...)`` for anything else."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -123,7 +128,7 @@ def setup(value: Any, complain: Complain) -> tuple[tuple[str, ...], ...]:
         raise complain(f"{value!r} is not a list of commands.", 'a YAML list such as ["module load frameworks"]')
     out = []
     for item in items:
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in item) or SHELL_SYNTAX.search(item):
+        if control_char(item) or SHELL_SYNTAX.search(item):
             raise complain(f"{item!r} holds shell syntax or control characters; setup lines are single commands "
                            "whose words are passed literally.", "a command and plain arguments such as module "
                            "load frameworks; put shell code in a file and use: source /path/to/file.sh")
