@@ -6,10 +6,15 @@ usual cause, and the fix. The CLI prints it as one line (no traceback) and exits
 
 from __future__ import annotations
 
+from typing import Callable
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_STALLED = 124
+
+# A value checker's way to refuse: complain(what is wrong, what is allowed) builds the error it raises.
+Complain = Callable[[str, str], Exception]
 
 
 class SpriteError(Exception):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from sprite.errors import UsageError
+from sprite.errors import Complain, UsageError
 from sprite.yamlsrc import YamlDoc
 
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
@@ -43,7 +43,6 @@ class JobSpec:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
-Complain = Callable[[str, str], Exception]  # (what is wrong, what is allowed) -> error to raise
 
 
 def _choice(options: tuple[str, ...]):

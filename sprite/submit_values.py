@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Callable
+from typing import Any
 
-Complain = Callable[[str, str], Exception]  # (what is wrong, what is allowed) -> error to raise
+from sprite.errors import Complain
 
 TOKEN = re.compile(r"[A-Za-z0-9_.,:=@%+/-]+")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
