@@ -80,7 +80,8 @@ def _run(argv: list[str], what: str) -> subprocess.CompletedProcess:
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise UsageError(f"{what} failed (exit {done.returncode}): {detail[-1] if detail else 'no output'}.",
-                         "The scheduler refused the request.", "Read its message above and fix the spec or the id.")
+                         "The scheduler refused the request or is not reachable from here.",
+                         "Fix what its message names (the spec or the job id), or run this on the site's login node.")
     return done
 
 
