@@ -52,7 +52,10 @@ def context(job: spec.JobSpec, alloc: allocation.Allocation, environ: Mapping[st
 
 
 def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None) -> LaunchPlan:
-    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes."""
+    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes.
+
+    Raises UsageError (SpecError for a spec file) for bad input or a world the allocation cannot hold.
+    """
     job, site = assemble(flags, spec_file, environ)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     launched = world.resolve(job, site, alloc)
