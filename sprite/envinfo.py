@@ -8,11 +8,10 @@ import os
 import shutil
 import socket
 import subprocess
+from pathlib import Path
 from typing import Mapping
 
 from sprite import allocation, contract, sites
-
-BACKENDS = contract.BACKENDS
 
 
 def count_devices() -> tuple[str, int]:
@@ -25,7 +24,7 @@ def count_devices() -> tuple[str, int]:
                 return "cuda", len(gpus)
         except (OSError, subprocess.TimeoutExpired):
             pass
-    intel = [p for p in glob.glob("/sys/class/drm/renderD*/device/vendor") if open(p).read().strip() == "0x8086"]
+    intel = [p for p in glob.glob("/sys/class/drm/renderD*/device/vendor") if Path(p).read_text().strip() == "0x8086"]
     if intel and os.environ.get("ZE_FLAT_DEVICE_HIERARCHY", "FLAT") == "FLAT":
         return "xpu", len(intel)
     return "cpu", os.cpu_count() or 1
@@ -49,7 +48,7 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
         "mpi": site.mpi,
         "devices_here": {"type": device, "count": count},
         "accelerator": kind,
-        "backend": BACKENDS.get(kind, "gloo"),
+        "backend": contract.BACKENDS.get(kind, "gloo"),
         "mpiexec": shutil.which("mpiexec"),
         "srun": shutil.which("srun"),
     }

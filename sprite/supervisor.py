@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: received.append(signum))
+    if not shutil.which(cmd[0]):
+        parser.error(f"cannot run {cmd[0]!r}: no such program on PATH")
     lock = threading.Lock()
     started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock) for rank in range(args.nproc)]
     code = supervise([proc for proc, _, _ in started], received)
