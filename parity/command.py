@@ -38,7 +38,7 @@ def _fail(err: SpriteError) -> None:
 def _settings(precision, devices, nodes, model, accelerator, fault):
     from sprite.parity import faults
     from sprite.parity.settings import PRECISIONS, PRESETS, Settings
-    from sprite.runtime.config import ACCELERATORS  # light: no torch or lightning
+    from sprite.contract import ACCELERATORS
 
     if precision not in PRECISIONS:
         raise UsageError(f"--precision {precision!r} is not supported.",

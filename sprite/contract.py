@@ -6,8 +6,8 @@ import this module, so it must import nothing heavy (no torch, no lightning, no 
 
 from __future__ import annotations
 
-ACCELERATOR = "SPRITE_ACCELERATOR"  # auto | xpu | cuda | cpu
-STRATEGY = "SPRITE_STRATEGY"  # auto | single | ddp | fsdp
+ACCELERATOR = "SPRITE_ACCELERATOR"  # one of ACCELERATORS
+STRATEGY = "SPRITE_STRATEGY"  # one of STRATEGIES
 PRECISION = "SPRITE_PRECISION"  # a Lightning precision string, or "auto" (keep the script's own)
 NUM_NODES = "SPRITE_NUM_NODES"  # nodes in the launched world
 DEVICES = "SPRITE_DEVICES"  # ranks per node
@@ -18,6 +18,10 @@ JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
 SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
 
 ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE)
+
+# Values both halves accept for SPRITE_ACCELERATOR and SPRITE_STRATEGY ("auto": decide inside the rank).
+ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
+STRATEGIES = ("auto", "single", "ddp", "fsdp")
 
 # Launcher flavours a plan can be built for; the runtime resolves ranks differently for each.
 LAUNCHER_FLAVOURS = ("local", "pals", "hydra", "openmpi", "srun", "torchrun")

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from sprite import contract
 from sprite.errors import Complain, UsageError
 from sprite.yamlsrc import YamlDoc
 
-ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
-STRATEGIES = ("auto", "single", "ddp", "fsdp")
+ACCELERATORS = contract.ACCELERATORS
+STRATEGIES = contract.STRATEGIES
 LAUNCHERS = ("auto", "mpiexec", "srun", "torchrun", "local")
 MPI_FLAVOURS = ("auto", "pals", "hydra", "openmpi")
 PRECISIONS = (

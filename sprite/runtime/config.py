@@ -9,8 +9,8 @@ from sprite import contract
 from sprite.errors import UsageError
 from sprite.runtime.ranks import FLAVOURS, detect_flavour
 
-ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
-STRATEGIES = ("auto", "single", "ddp", "fsdp")
+ACCELERATORS = contract.ACCELERATORS
+STRATEGIES = contract.STRATEGIES
 _CAUSE = "sprite run never exports it so: it was set by hand or changed after the launch."
 
 
