@@ -39,6 +39,8 @@ def test_two_rank_fit(sprite_cmd, clean_env, tmp_path, launcher):
     assert [r["world_size"] for r in ranks] == [2, 2]
     if launcher == "local":
         assert "[rank 1] rank 1/2: final loss" in result.stdout
+    if shutil.which("srun", path=clean_env["PATH"]):  # Lightning's "prepend srun" hint is wrong for these launchers
+        assert "The `srun` command is available" not in result.stdout + result.stderr
 
 
 @pytest.mark.slow

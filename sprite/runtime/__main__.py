@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import warnings
 
 from sprite.errors import EXIT_USAGE, SpriteError, UsageError
 
@@ -35,6 +36,10 @@ def run(argv: list[str]) -> None:
     if cfg is not None:
         inject.install(cfg)
         plguard.install(cfg)
+        if cfg.launcher != "srun":
+            # Lightning 2.6.6 fabric/plugins/environments/slurm.py:205 tells every rank to "prepend srun" whenever
+            # srun is on PATH; sprite chose this launcher on purpose, so the hint only misleads.
+            warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
     sys.argv = [script, *argv[1:]]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     runpy.run_path(script, run_name="__main__")
