@@ -6,6 +6,7 @@ Exit codes: 0 pass, 1 fail or void, 2 bad usage.
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import sys
 import time
@@ -52,6 +53,11 @@ def _settings(precision, devices, nodes, model, accelerator, fault):
         raise UsageError(f"--devices {devices} --nodes {nodes} gives {devices * nodes} rank(s).",
                          "Parity compares a distributed run with one device, so it needs more than one rank.",
                          "Pass --devices 2 or more.")
+    missing = [name for name in ("peft", "transformers") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"sprite parity needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
+                         " not installed here.", "They are an optional extra of sprite (the LoRA recipe).",
+                         "pip install 'sprite-hpc[parity]' (or peft and transformers), then run again.")
     if model not in PRESETS and not (pathlib.Path(model) / "config.json").is_file():
         raise UsageError(f"--model {model!r} is neither a preset nor a checkpoint directory.",
                          "Hub ids are not fetched (the hub is never contacted).",
