@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from sprite import allocation, contract, sites
+from sprite import allocation, contract, sites, world
 
 
 def count_devices() -> tuple[str, int]:
@@ -43,7 +43,7 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
         "hosts": list(alloc.hosts),
         "nodes": len(alloc.hosts),
         "site": site.name,
-        "ranks_per_node": alloc.tasks_per_node or site.job.get("devices") or 1,
+        "ranks_per_node": world.ranks_per_node(None, site, alloc.tasks_per_node),
         "launcher": site.job.get("launcher", "auto"),
         "mpi": site.mpi,
         "devices_here": {"type": device, "count": count},

@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from sprite import world
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
 
@@ -39,4 +40,4 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec) -> 
 
 def ranks_per_node(job: JobSpec, site: SiteProfile) -> int:
     """Ranks per node the job asks the scheduler for: the spec's devices, else the site's, else 1."""
-    return job.devices or site.job.get("devices") or 1
+    return world.ranks_per_node(job.devices, site)

@@ -69,8 +69,13 @@ def _nodes(spec: JobSpec, alloc: Allocation, launcher: str) -> int:
     return nodes
 
 
+def ranks_per_node(requested: int | None, site: SiteProfile, granted: int | None = None) -> int:
+    """Ranks per node: as requested, else as the allocation grants (Slurm), else the site's default, else 1."""
+    return requested or granted or site.job.get("devices") or 1
+
+
 def _devices(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> int:
-    devices = spec.devices or alloc.tasks_per_node or site.job.get("devices") or 1
+    devices = ranks_per_node(spec.devices, site, alloc.tasks_per_node)
     if alloc.tasks_per_node and devices > alloc.tasks_per_node:
         raise UsageError(
             f"--devices {devices} asks for more ranks per node than the Slurm allocation grants "
