@@ -59,7 +59,7 @@ def test_shipped_examples_render_by_name_from_another_folder(name, cmd, sprite_c
     done = subprocess.run([*sprite_cmd, cmd, "--dry-run", name], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("#!/bin/bash\n")
-    assert f"{sys.executable} -m sprite run --site" in done.stdout or "-m sprite run --site" in done.stdout
+    assert f"exec {sys.executable} -m sprite run --site " in done.stdout  # the job runs this very interpreter
     assert not (tmp_path / "sprite-jobs").exists()  # --dry-run writes nothing
 
 
