@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from sprite import allocation, plan, rendezvous, sites, spec, yamlsrc, world
+from sprite import allocation, plan, sites, spec, yamlsrc, world
 from sprite.errors import UsageError
 from sprite.plan import LaunchPlan
 
@@ -44,11 +44,9 @@ def check_script(script: str | None) -> None:
         )
 
 
-def context(job: spec.JobSpec, alloc: allocation.Allocation, environ: Mapping[str, str]) -> plan.Context:
-    """The launching process's facts; a free port is looked up only when nothing else fixes the port."""
-    needs_free = not (job.master_port or environ.get("MASTER_PORT", "").isdigit() or alloc.job_id)
-    return plan.Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0,
-                        free_port=rendezvous.free_port() if needs_free else 0)
+def context(environ: Mapping[str, str]) -> plan.Context:
+    """The launching process's facts (interpreter, environment, root or not)."""
+    return plan.Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0)
 
 
 def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None) -> LaunchPlan:
@@ -59,4 +57,4 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     job, site = assemble(flags, spec_file, environ)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     launched = world.resolve(job, site, alloc)
-    return plan.build(job, site, launched, context(job, alloc, environ))
+    return plan.build(job, site, launched, context(environ))

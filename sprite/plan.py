@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
+from typing import Callable
 
 from sprite import contract
 from sprite import rendezvous
@@ -24,7 +25,7 @@ class Context:
     python: str
     environ: dict = field(default_factory=dict)
     is_root: bool = False
-    free_port: int = 0  # used only when no port is set and there is no job id
+    pick_free_port: Callable[[], int] = rendezvous.free_port  # called only when nothing else fixes the port
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     """Every variable sprite sets or overrides for the ranks: site and spec env, rendezvous and the contract."""
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
     addr = "127.0.0.1" if local else rendezvous.master_addr(ctx.environ, world.hosts)
-    port = rendezvous.master_port(ctx.environ, world.alloc.job_id, spec.master_port, lambda: ctx.free_port)
+    port = rendezvous.master_port(ctx.environ, world.alloc.job_id, spec.master_port, ctx.pick_free_port)
     env = {**spec.env}
     env.update({
         contract.MASTER_ADDR: addr,
