@@ -63,7 +63,8 @@ def parse(text: str, source: str) -> YamlDoc:
         mark = getattr(err, "problem_mark", None)
         line = mark.line + 1 if mark else None
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(source, line, "<syntax>", f"is not valid YAML ({problem}).") from None
+        raise SpecError(source, line, "<syntax>", f"is not valid YAML ({problem}). An unclosed bracket or quote,"
+                        " or a value with ': ' or ' #' left unquoted, is the usual cause; fix that line.") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
