@@ -44,17 +44,20 @@ def check_script(script: str | None) -> None:
         )
 
 
-def context(environ: Mapping[str, str]) -> plan.Context:
-    """The launching process's facts (interpreter, environment, root or not)."""
-    return plan.Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0)
+def context(environ: Mapping[str, str], run_env: Mapping[str, str] | None = None) -> plan.Context:
+    """The launching process's facts (interpreter, environment, root or not, this invocation's run variables)."""
+    return plan.Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0,
+                        run_env=dict(run_env or {}))
 
 
-def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None) -> LaunchPlan:
-    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes.
+def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
+             run_env: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes; ``run_env``
+    (run folder, attempt) goes to every rank.
 
     Raises UsageError (SpecError for a spec file) for bad input or a world the allocation cannot hold.
     """
     job, site = assemble(flags, spec_file, environ)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     launched = world.resolve(job, site, alloc)
-    return plan.build(job, site, launched, context(environ))
+    return plan.build(job, site, launched, context(environ, run_env))

@@ -26,6 +26,7 @@ class Context:
     environ: dict = field(default_factory=dict)
     is_root: bool = False
     pick_free_port: Callable[[], int] = rendezvous.free_port  # called only when nothing else fixes the port
+    run_env: dict = field(default_factory=dict)  # this invocation's contract variables: run folder, attempt
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.JOB_ID: world.alloc.job_id,
         contract.SITE: site.name,
     })
+    env.update(ctx.run_env)
     return env
 
 

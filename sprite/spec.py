@@ -41,6 +41,11 @@ class JobSpec:
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
     scheduler: dict = field(default_factory=dict)
+    stall_timeout: float | None = None  # seconds without progress that stop the run (exit 124); None: no watchdog
+    first_step_timeout: float | None = None  # the allowance from launch to the end of the first step
+    save_timeout: float | None = None  # the allowance for one checkpoint save
+    retries: int = 0  # relaunches after a failure
+    spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
@@ -61,6 +66,22 @@ def _positive_int(value: Any, complain: Complain) -> int:
     if int(value) < 1:
         raise complain(f"{value!r} is less than 1.", "an integer of at least 1")
     return int(value)
+
+
+def _count(value: Any, complain: Complain) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise complain(f"{value!r} is not a whole number.", "an integer of at least 0, e.g. 1")
+    return int(value)
+
+
+def _seconds(value: Any, complain: Complain) -> float:
+    try:
+        seconds = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise complain(f"{value!r} is not a positive number of seconds.", "seconds above 0, e.g. 600")
+    return seconds
 
 
 def _port(value: Any, complain: Complain) -> int:
@@ -107,7 +128,8 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": _string, "args": _string_list, "nodes": _positive_int, "devices": _positive_int,
     "accelerator": _choice(ACCELERATORS), "strategy": _choice(STRATEGIES), "precision": _choice(PRECISIONS),
     "launcher": _choice(LAUNCHERS), "mpi": _choice(MPI_FLAVOURS), "site": _string, "env": _env,
-    "exclude": _string_list, "master_port": _port, "scheduler": _mapping,
+    "exclude": _string_list, "master_port": _port, "scheduler": _mapping, "stall_timeout": _seconds,
+    "first_step_timeout": _seconds, "save_timeout": _seconds, "retries": _count, "spare_nodes": _count,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 

@@ -1,0 +1,75 @@
+"""The run folder: one new folder per ``sprite run`` holding ``audit.jsonl``, ``heartbeat/`` and ``run.json``.
+
+It is never reused: ``--run-dir`` must name a folder that does not exist yet, and the default is a new name under
+``./sprite-runs/``. The ranks find it in ``SPRITE_RUN_DIR``, so on a cluster it must be on a file system every
+node sees (the working directory usually is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Mapping
+
+from sprite import heartbeat
+from sprite.errors import UsageError
+
+DEFAULT_PARENT = "sprite-runs"
+AUDIT, HEARTBEATS, SUMMARY = "audit.jsonl", "heartbeat", "run.json"
+
+
+def default_path(environ: Mapping[str, str], cwd: str | None = None, now: float | None = None) -> Path:
+    """A fresh name under ``./sprite-runs/``: time, scheduler job id (if any) and a random suffix."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    job = environ.get("PBS_JOBID") or environ.get("SLURM_JOB_ID") or ""
+    job = "".join(c if c.isalnum() or c in "-_" else "_" for c in job.split(".")[0])
+    name = "-".join(part for part in (stamp, job, secrets.token_hex(3)) if part)
+    return Path(cwd or os.getcwd()) / DEFAULT_PARENT / name
+
+
+def choose(run_dir: str | None, environ: Mapping[str, str]) -> Path:
+    """The absolute run folder path for ``--run-dir`` (or the default). Raises UsageError if it exists."""
+    path = Path(run_dir).absolute() if run_dir else default_path(environ)
+    if os.path.lexists(path):
+        raise UsageError(f"The run folder {path} exists already.", "sprite never writes into an existing run folder.",
+                         "Pass a new --run-dir, or leave it out for a new folder under ./sprite-runs/.")
+    return path
+
+
+def create(path: Path) -> Path:
+    """Create ``path`` (mode 0700; its parents as needed) and ``heartbeat/`` in it.
+
+    Raises UsageError when it exists meanwhile or cannot be created.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        raise UsageError(f"The run folder {path} exists already.", "Another run took the name.",
+                         "Pass a new --run-dir.") from None
+    except OSError as err:
+        raise UsageError(f"Cannot create the run folder {path} ({err.strerror}).",
+                         "The folder above it is not writable.", "Pass --run-dir on a writable file system.") from None
+    os.chmod(path, 0o700)  # mkdir's mode is narrowed by the umask, never widened: make it exact
+    os.mkdir(path / HEARTBEATS, 0o700)
+    return path
+
+
+def attempt_heartbeats(path: Path, attempt: int) -> Path:
+    """Create and return the heartbeat folder of ``attempt``."""
+    where = heartbeat.folder(path, attempt)
+    os.mkdir(where, 0o700)
+    return where
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    """Write ``run.json`` (sprite's own file in its own folder: replaced atomically on every update)."""
+    temporary = path / f".{SUMMARY}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(summary, out, indent=2, sort_keys=True)
+        out.write("\n")
+    os.replace(temporary, path / SUMMARY)
