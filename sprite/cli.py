@@ -44,10 +44,21 @@ def run(
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="new folder for this run's audit, heartbeats and "
+                                          "logs; default: a new one under ./sprite-runs/"),
+    stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", help="stop the run (exit 124) when no rank "
+                                                "advances for SECONDS"),
+    first_step_timeout: Optional[str] = typer.Option(None, "--first-step-timeout", help="allowance from launch to "
+                                                     "the end of the first step; default 10x --stall-timeout"),
+    save_timeout: Optional[str] = typer.Option(None, "--save-timeout", help="allowance for a checkpoint save; "
+                                               "default 2x --stall-timeout"),
+    retries: Optional[str] = typer.Option(None, "--retries", help="relaunch up to N times after a failure"),
+    spare_nodes: Optional[str] = typer.Option(None, "--spare-nodes", help="keep K allocated nodes out of the first "
+                                              "launch, to replace a failed node"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
-) -> None:
-    from sprite import execute, launch
+) -> int:
+    from sprite.recovery import entry
 
     if script and script.startswith("-"):  # unknown options land here (sprite's options end at SCRIPT)
         raise UsageError(f"sprite run has no option {script}.", "sprite's options come before SCRIPT.",
@@ -58,12 +69,14 @@ def run(
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+        "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
+        "retries": retries, "spare_nodes": spare_nodes,
     }
-    plan = launch.plan_run(flags, spec_file=spec)
+    run_state, plan = entry.prepare(flags, spec, run_dir)
     if dry_run:
         typer.echo(plan.to_json() if json_out else plan.describe())
-        return
-    execute.exec_plan(plan)
+        return 0
+    return entry.run_all(run_state, plan)
 
 
 @app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"
@@ -96,11 +109,13 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite import cli_runs
     from sprite.parity.command import app as parity_app
     from sprite.submit_cli import register
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    cli_runs.register(app)
 
 
 _mount_subcommands()

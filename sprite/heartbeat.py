@@ -21,7 +21,8 @@ PHASES = (START, TRAINING, VALIDATION, SAVE, DONE)
 
 @dataclass(frozen=True)
 class Beat:
-    """One rank's state. ``count`` grows with every step, validation batch and phase change: progress."""
+    """One rank's state. ``count`` grows with every step, validation batch and phase change: progress.
+    ``first_step`` is the global step this process started training at (-1 before its first training step)."""
 
     rank: int
     host: str
@@ -30,6 +31,11 @@ class Beat:
     phase: str
     count: int
     time: float  # the rank's wall clock; the watchdog measures stalls on its own clock
+    first_step: int = -1
+
+    @property
+    def past_first_step(self) -> bool:
+        return 0 <= self.first_step < self.step
 
 
 def folder(run_dir: str | os.PathLike, attempt: int) -> Path:

@@ -16,6 +16,7 @@ from typing import Mapping
 
 from sprite import heartbeat
 from sprite.errors import UsageError
+from sprite.integrity import IntegrityError, make_dir_new
 
 DEFAULT_PARENT = "sprite-runs"
 AUDIT, HEARTBEATS, SUMMARY = "audit.jsonl", "heartbeat", "run.json"
@@ -40,28 +41,27 @@ def choose(run_dir: str | None, environ: Mapping[str, str]) -> Path:
 
 
 def create(path: Path) -> Path:
-    """Create ``path`` (mode 0700; its parents as needed) and ``heartbeat/`` in it.
+    """Create ``path`` (mode 0700 whatever the umask; its parents as needed) and ``heartbeat/`` in it.
 
     Raises UsageError when it exists meanwhile or cannot be created.
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
+        make_dir_new(path, 0o700)
+    except IntegrityError:
         raise UsageError(f"The run folder {path} exists already.", "Another run took the name.",
                          "Pass a new --run-dir.") from None
     except OSError as err:
         raise UsageError(f"Cannot create the run folder {path} ({err.strerror}).",
                          "The folder above it is not writable.", "Pass --run-dir on a writable file system.") from None
-    os.chmod(path, 0o700)  # mkdir's mode is narrowed by the umask, never widened: make it exact
-    os.mkdir(path / HEARTBEATS, 0o700)
+    make_dir_new(path / HEARTBEATS, 0o700)
     return path
 
 
 def attempt_heartbeats(path: Path, attempt: int) -> Path:
     """Create and return the heartbeat folder of ``attempt``."""
     where = heartbeat.folder(path, attempt)
-    os.mkdir(where, 0o700)
+    make_dir_new(where, 0o700)
     return where
 
 

@@ -1,13 +1,9 @@
 """Run one launch as a child of ``sprite run``: its own process group, signals forwarded, output copied to a log,
-and nothing of it left running afterwards.
-
-sprite becomes a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), so a rank or launcher helper that outlives
-its parent is re-parented to sprite instead of init, where the final sweep finds it, kills it and reaps it.
+and nothing of it left running afterwards (``reaper.sweep``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -18,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from sprite.recovery.reaper import become_subreaper, descendants, sweep
+
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGINT, signal.SIGTERM)
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -31,46 +28,6 @@ class Outcome:
     code: int
     forwarded: list[int] = field(default_factory=list)
     stopped_by: str = ""
-
-
-def become_subreaper() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    except OSError:  # not Linux: the launcher's own process group is what gets cleaned up
-        pass
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux /proc), children before grandchildren."""
-    found, queue = [], [pid]
-    while queue:
-        parent = queue.pop(0)
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            found += kids
-            queue += kids
-    return found
-
-
-def sweep(spared: set[int]) -> list[int]:
-    """SIGKILL and reap every process below this one that is not below one of ``spared`` (this process's
-    children from before the launch); returns their pids."""
-    keep = set(spared) | {pid for child in spared for pid in descendants(child)}
-    left = [pid for pid in descendants(os.getpid()) if pid not in keep]
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid in left:
-        try:
-            os.waitpid(pid, 0)  # only our own children (re-parented orphans) can be reaped; others are the kernel's
-        except ChildProcessError:
-            pass
-    return left
 
 
 def _pump(stream, sink, log, lock: threading.Lock) -> None:
@@ -91,7 +48,8 @@ class Child:
 
     def __init__(self, argv: list[str], env: dict, cwd: str | None, log_path: Path) -> None:
         self.spared = set(descendants(os.getpid()))
-        self.log = open(log_path, "ab", buffering=0)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.log = os.fdopen(fd, "wb", buffering=0)
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
@@ -136,38 +94,53 @@ class Child:
         return code if code >= 0 else 128 - code
 
 
+class Forwarding:
+    """Catches SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 while a run lasts; ``received`` holds them for ``run``."""
+
+    def __enter__(self) -> "Forwarding":
+        self.received: list[int] = []
+        self.previous = {sig: signal.signal(sig, lambda signum, frame: self.received.append(signum))
+                         for sig in FORWARDED}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def stopping(self) -> bool:
+        return any(sig in STOPPING for sig in self.received)
+
+
 def run(argv: list[str], env: dict, cwd: str | None, log_path: Path, tick: Callable[[], str | None],
-        grace: float = 10.0, poll: float = 0.5) -> Outcome:
+        signals: Forwarding, grace: tuple[float, float] = (5.0, 30.0), poll: float = 0.5) -> Outcome:
     """Run ``argv`` to its end. ``tick()`` is called every ``poll`` seconds; a non-empty answer is a reason to
-    stop the launch (it is written to the log, then the launch is stopped). SIGINT, SIGTERM, SIGUSR1 and SIGUSR2
-    sent to sprite go to the launcher; after SIGINT/SIGTERM it gets ``grace`` seconds before SIGKILL.
+    stop the launch: it is written to the log, then the launcher's process group gets SIGTERM and ``grace[0]``
+    seconds later SIGKILL. Signals caught by ``signals`` go to the launcher; after SIGINT/SIGTERM it gets
+    ``grace[1]`` seconds before SIGKILL.
 
     Raises OSError when the launcher cannot be started.
     """
     become_subreaper()
-    received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in FORWARDED}
     child = Child(argv, env, cwd, log_path)
     outcome, stop_at = Outcome(0), None
     try:
         while child.proc.poll() is None:
-            while received:
-                sig = received.pop(0)
+            while signals.received:
+                sig = signals.received.pop(0)
                 outcome.forwarded.append(sig)
                 child.note(f"sprite: received {signal.Signals(sig).name}; passing it to the launcher.")
                 child.proc.send_signal(sig)
                 if sig in STOPPING and stop_at is None:
-                    stop_at = time.monotonic() + grace
+                    stop_at = time.monotonic() + grace[1]
             if stop_at is not None and time.monotonic() > stop_at:
                 child.signal_group(signal.SIGKILL)
             reason = tick() if not outcome.stopped_by else None
             if reason:
                 outcome.stopped_by = reason
                 child.note(reason)
-                child.stop(grace)
+                child.stop(grace[0])
             time.sleep(poll)
     finally:
         outcome.code = child.finish()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return outcome

@@ -30,26 +30,29 @@ class Verdict:
 
 
 _FORWARDED = re.compile(r"sprite: received (SIG\w+); passing it to the launcher")
-_STALLED = re.compile(r"sprite: error: Stopped the run: no rank advanced.*?(?:suspect hosts: ([^)]*)\))?\.?$", re.M)
-_SPRITE_ERROR = re.compile(r"^(?:\[rank \d+\] )?sprite: (?!received |rank \d+ exited|warning)(.*)$", re.M)
+_STALLED = re.compile(r"sprite: error: (Stopped the run: no rank advanced.*)$", re.M)
+_SUSPECTS = re.compile(r"suspect hosts: ([^)]*)\)")
+_SPRITE_ERROR = re.compile(r"^(?:\[rank \d+\] )?sprite: (?!received |rank \d+ exited|warning)(?:error: )?(.*)$", re.M)
 _ALLOCATION_END = re.compile(r"DUE TO PREEMPTION|DUE TO TIME LIMIT|PBS: job killed: walltime \S+ exceeded limit")
-_OOM = re.compile(r"Out of memory: Killed process|oom[-_]kill|CUDA out of memory|OutOfMemoryError|"
-                  r"OUT_OF_DEVICE_MEMORY")
+_OOM = re.compile(r"can't allocate memory|oom[-_]kill|CUDA out of memory|OutOfMemoryError|OUT_OF_DEVICE_MEMORY")
 _NODE_FAILURE = re.compile(r"Node failure on (?P<host>[\w.-]+)|ON (?P<on>[\w.-]+) CANCELLED AT \S+ DUE TO NODE "
                            r"FAILURE|NODE_FAIL|uncorrectable ECC|Xid \d+|DEVICE_LOST|GPU is lost|Bus error")
-_EXCEPTION = re.compile(r"^(?:\[rank (?P<rank>\d+)\] )?(?P<line>(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception)"
-                        r"(?::.*)?)$", re.M)
+# An exception line, after the local supervisor's "[rank N] " and torch's own "[rankN]: " prefixes.
+_EXCEPTION = re.compile(r"^(?:\[rank (?P<rank>\d+)\] )?(?:\[rank\d+\]: )?(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*"
+                        r"(?:Error|Exception)(?::.*)?)$", re.M)
 _LOST_PEER = re.compile(r"Connection (?:refused|reset by peer|closed by peer)|failed to connect|ncclRemoteError|"
                         r"ncclSystemError|Socket Timeout|remote process exited|DistNetworkError|DistBackendError")
+_LAUNCHER_ECHO = re.compile(r"ChildFailedError")  # torchrun's agent restating a rank's failure
 # A rank that died of a signal, as each launcher reports it; the groups say which rank, host and signal.
 _DEATHS = (
     re.compile(r"sprite: rank (?P<rank>\d+) exited with code -(?P<sig>\d+)"),  # sprite's local supervisor
-    re.compile(r"PID \d+ RUNNING AT (?P<host>[\w.-]+)\s*\n\S*\s*KILLED BY SIGNAL: (?P<sig>\d+)"),  # MPICH Hydra
+    re.compile(r"PID \d+ RUNNING AT (?P<host>[\w.-]+)\s*\n=\s+EXIT CODE: \d+[\s\S]*?EXIT STRING: .*\(signal "
+               r"(?P<sig>\d+)\)"),  # MPICH Hydra
     re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<rank>\d+)[\d,-]*: (?P<name>Killed|Bus error)"),
-    re.compile(r"host\s*: (?P<host>[\w.-]+)\s*\n\s*rank\s*: (?P<rank>\d+).*\n\s*exitcode\s*: -(?P<sig>\d+)"),  # torchrun
+    re.compile(r"Root Cause \(first observed failure\):\s*\n\[\d+\]:\s*\n.*\n\s*host\s*: (?P<host>[\w.-]+)\s*\n"
+               r"\s*rank\s*: (?P<rank>\d+).*\n\s*exitcode\s*: -(?P<sig>\d+)"),  # torchrun's summary
 )
-_ABORT = re.compile(r"terminate called|Segmentation fault|Aborted|exited with code -(?:6|11)\b|"
-                    r"KILLED BY SIGNAL: (?:6|11)\b")
+_ABORT = re.compile(r"terminate called|Segmentation fault|Aborted|exited with code -(?:6|11)\b|\(signal (?:6|11)\)")
 
 
 def _death(log: str, rank_hosts: Sequence[str]) -> tuple[str, tuple[str, ...]] | None:
@@ -69,7 +72,7 @@ def _death(log: str, rank_hosts: Sequence[str]) -> tuple[str, tuple[str, ...]] |
 
 def _first_exception(log: str) -> str | None:
     for match in _EXCEPTION.finditer(log):
-        if not _LOST_PEER.search(match["line"]):
+        if not _LOST_PEER.search(match["line"]) and not _LAUNCHER_ECHO.search(match["line"]):
             rank = f"rank {match['rank']}: " if match["rank"] else ""
             return rank + match["line"].strip()[:300]
     return None
@@ -82,8 +85,9 @@ def _sprite_verdict(code: int, log: str) -> Verdict | None:
         return Verdict(cause, f"sprite received {forwarded[0]} and passed it to the launch")
     stalled = _STALLED.search(log)
     if code == 124 and stalled:
-        hosts = tuple(h for h in (stalled.group(1) or "").split(",") if h)
-        return Verdict(STALL, stalled.group(0).split("sprite: error: ", 1)[1][:300], hosts)
+        suspects = _SUSPECTS.search(stalled.group(1))
+        hosts = tuple(h for h in suspects.group(1).split(",") if h) if suspects else ()
+        return Verdict(STALL, stalled.group(1)[:300], hosts)
     refused = _SPRITE_ERROR.search(log)
     if code in (1, 2) and refused:
         return Verdict(USAGE if code == 2 else CHECK_FAILED, refused.group(1).strip()[:300])
@@ -95,7 +99,8 @@ def classify(code: int, log: str, rank_hosts: Sequence[str] = ()) -> Verdict:
 
     ``rank_hosts[r]`` is the host of rank r, to name the host of a rank the log names only by number.
     """
-    if code == 0:
+    failed = _NODE_FAILURE.search(log)
+    if code == 0 and not failed:
         return Verdict(SUCCESS, "every rank finished")
     found = _sprite_verdict(code, log)
     if found:
@@ -106,8 +111,7 @@ def classify(code: int, log: str, rank_hosts: Sequence[str] = ()) -> Verdict:
     oom = _OOM.search(log)
     if oom:
         return Verdict(APP_FAULT, f"out of memory ({oom.group(0)})")
-    failed = _NODE_FAILURE.search(log)
-    if failed:
+    if failed:  # srun exits 0 after "Node failure on HOST" (seen here, Slurm 22.05)
         host = failed.group("host") or failed.group("on")
         return Verdict(NODE_FAULT, f"the log reports a node failure ({failed.group(0)})", (host,) if host else ())
     exception = _first_exception(log)

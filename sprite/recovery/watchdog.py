@@ -46,34 +46,38 @@ class Stall:
     suspect_hosts: tuple[str, ...] = ()
 
     def message(self) -> str:
+        if self.suspect_hosts:
+            cause = ("The ranks on some hosts fell behind the others in a training step: a node fault is likely "
+                     f"(suspect hosts: {','.join(self.suspect_hosts)}).")
+        else:
+            cause = ("The usual cause is a collective that not every rank reached (a save, log or barrier under a "
+                     "rank-zero guard), a hung device or a lost node.")
         return (f"Stopped the run: no rank advanced for {self.idle:.0f} s ({self.allowance} {self.limit:g} s): "
-                f"{self.summary}. The usual cause is a collective that not every rank reached (a save, log or "
-                "barrier under a rank-zero guard), a hung device or a lost node. Look at what the named ranks were"
-                " doing; raise --stall-timeout if a step really takes this long.")
+                f"{self.summary}. {cause} Look at what the named ranks were doing; raise --stall-timeout if a step "
+                "really takes this long.")
 
 
 @dataclass
 class Watch:
     """Follows the heartbeats of one attempt; ``observe`` returns a Stall once the limit in force is passed."""
 
-    limits: Limits
+    limits: Limits | None  # None: only follow progress, never stop
     world_size: int
     started: float
     _seen: dict = field(default_factory=dict)
-    _last_change: float = 0.0
-    _first_step: int | None = None
-    _past_first_step: bool = False
+    _last_change: float | None = None
+    progressed: bool = False  # some rank got past its first training step in this attempt
 
     def observe(self, beats: dict[int, Beat], now: float) -> Stall | None:
-        if not self._last_change:
+        if self._last_change is None:
             self._last_change = self.started
         for rank, beat in beats.items():
             if self._seen.get(rank) != (beat.pid, beat.count):
                 self._seen[rank] = (beat.pid, beat.count)
                 self._last_change = now
-            if beat.phase == heartbeat.TRAINING:
-                self._first_step = beat.step if self._first_step is None else min(self._first_step, beat.step)
-                self._past_first_step |= beat.step > self._first_step
+            self.progressed |= beat.past_first_step
+        if self.limits is None:
+            return None
         limit, allowance = self.limit_in_force(beats)
         idle = now - self._last_change
         if idle <= limit:
@@ -83,7 +87,7 @@ class Watch:
     def limit_in_force(self, beats: dict[int, Beat]) -> tuple[float, str]:
         if any(beat.phase == heartbeat.SAVE for beat in beats.values()):
             return self.limits.save, "save allowance"
-        if not self._past_first_step:
+        if not self.progressed:
             return self.limits.first_step, "first-step allowance"
         return self.limits.stall, "stall timeout"
 
@@ -135,3 +139,8 @@ def suspects(beats: dict[int, Beat], world_size: int) -> tuple[str, ...]:
     kept_up = {b.host for b in beats.values() if b.step == front}
     hosts = {b.host for b in behind}
     return () if hosts & kept_up else tuple(sorted(hosts))
+
+
+def heartbeat_seconds(limits: Limits | None) -> float:
+    """How often a rank may rewrite its heartbeat within a phase: a tenth of the stall timeout (0.5-30 s)."""
+    return min(max(limits.stall / 10, 0.5), 30.0) if limits else 30.0

@@ -34,6 +34,7 @@ def run(argv: list[str]) -> None:
     cfg = config.from_env(os.environ)
     registry.register()
     if cfg is not None:
+        _start_heartbeat(cfg)
         inject.install(cfg)
         plguard.install(cfg)
         if cfg.launcher != "srun":
@@ -43,6 +44,23 @@ def run(argv: list[str]) -> None:
     sys.argv = [script, *argv[1:]]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     runpy.run_path(script, run_name="__main__")
+    if cfg is not None:
+        from sprite.runtime import finish, progress
+
+        progress.finish()
+        finish.finish()
+
+
+def _start_heartbeat(cfg) -> None:
+    """Report progress to sprite's stall watchdog when the launch asked for it (SPRITE_RUN_DIR set)."""
+    from sprite.runtime import progress
+    from sprite.runtime.ranks import resolve_ranks
+
+    try:
+        rank = resolve_ranks(os.environ, cfg.launcher).global_rank if cfg.launcher else 0
+    except UsageError:
+        return  # contradicting rank variables: the Trainer check reports them with every value named
+    progress.start(os.environ, rank)
 
 
 def main() -> int:

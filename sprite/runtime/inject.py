@@ -20,6 +20,7 @@ from sprite.runtime.devices import DeviceType, device_type
 from sprite.runtime.environment import ENVIRONMENTS
 from sprite.runtime.kwargs import accelerator_for, make_strategy
 from sprite.runtime.precision import MIXED, XPUMixedPrecision, normalize_precision
+from sprite.runtime import progress
 
 
 def _conflict(arg: str, given, launched: str) -> UsageError:
@@ -144,7 +145,13 @@ def install(cfg: RuntimeConfig) -> None:
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
-        original(self, *args, **launched_trainer_kwargs(cfg, kwargs))
+        kwargs = launched_trainer_kwargs(cfg, kwargs)
+        reporters = progress.callbacks()
+        if reporters:  # the stall watchdog's heartbeat (progress.py)
+            given = kwargs.get("callbacks")
+            kwargs["callbacks"] = [*([] if given is None else given if isinstance(given, list) else [given]),
+                                   *reporters]
+        original(self, *args, **kwargs)
 
     __init__._sprite_launch = cfg
     Trainer.__init__ = __init__

@@ -37,8 +37,10 @@ class Heart:
     def update(self, phase: Optional[str] = None, step: Optional[int] = None) -> None:
         with self._lock:
             old = self.beat
-            self.beat = replace(old, phase=phase or old.phase, step=old.step if step is None else step,
-                                count=old.count + 1, time=time.time())
+            now_step = old.step if step is None else step
+            first = now_step if old.first_step < 0 and (phase or old.phase) == heartbeat.TRAINING else old.first_step
+            self.beat = replace(old, phase=phase or old.phase, step=now_step, count=old.count + 1, time=time.time(),
+                                first_step=first)
             self._dirty = True
         if phase is not None and phase != old.phase:
             self._flush()

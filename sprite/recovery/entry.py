@@ -1,0 +1,66 @@
+"""What ``sprite run`` does for a real run: plan, create the run folder, run the attempts, record the outcome."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Mapping
+
+from sprite import audit, execute, launch, rundir
+from sprite.plan import LaunchPlan
+from sprite.recovery import summary
+from sprite.recovery.loop import run_attempts
+from sprite.recovery.session import Run, limits_of
+
+
+def prepare(flags: dict, spec_file: str | None, run_dir: str | None,
+            environ: Mapping[str, str] = os.environ) -> tuple[Run, LaunchPlan]:
+    """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError."""
+    job, _ = launch.assemble(flags, spec_file, environ)
+    run = Run(rundir.choose(run_dir, environ), flags, spec_file, environ, job.retries, limits_of(job), job.script)
+    return run, run.plan(1, flags)
+
+
+def _requeue(environ: Mapping[str, str]) -> dict | None:
+    """Slurm's restart count when this job was requeued (SLURM_RESTART_COUNT, 1 in the first rerun), else None."""
+    count = environ.get("SLURM_RESTART_COUNT", "")
+    return {"restart_count": int(count)} if count.isdigit() and int(count) > 0 else None
+
+
+def _launch_record(run: Run, plan: LaunchPlan) -> None:
+    world = plan.world
+    limits = run.limits
+    run.record("launch", run_dir=str(run.path), argv=sys.argv, cwd=os.getcwd(), host=socket.gethostname(),
+               pid=os.getpid(), script=run.script,
+               scheduler=world.alloc.scheduler, job_id=world.alloc.job_id, allocation=list(world.alloc.hosts),
+               hosts=list(world.hosts), nodes=world.nodes, world_size=world.size, launcher=world.flavour,
+               retries=run.retries, stall_timeout=limits.stall if limits else None,
+               first_step_timeout=limits.first_step if limits else None, save_timeout=limits.save if limits else None)
+    requeued = _requeue(run.environ)
+    if requeued:
+        run.record("requeue", job_id=world.alloc.job_id, **requeued)
+
+
+def run_all(run: Run, plan: LaunchPlan) -> int:
+    """Create the run folder, run every attempt, write the completion record and run.json; returns the exit code.
+
+    Raises UsageError when the launcher program is missing (before anything is created).
+    """
+    execute.resolve_program(plan)
+    rundir.create(run.path)
+    _launch_record(run, plan)
+    base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(), "argv": sys.argv}
+    rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
+    code = run_attempts(run, plan)
+    last = run.attempts[-1]
+    status = summary.status_of(last["cause"])
+    totals = {key: round(sum(a[key] for a in run.attempts), 6) for key in ("seconds", "node_hours", "device_hours")}
+    done = run.record("completion", status=status, exit_code=code, attempts=len(run.attempts), **totals)
+    result = summary.summarize(audit.read(run.trail))
+    rundir.write_summary(run.path, {**base, **result, "audit_tail": done["self_sha256"]})
+    print(f"sprite: run {status} after {len(run.attempts)} attempt(s), {totals['device_hours']:.4f} device-hours; "
+          f"record in {run.path}", file=sys.stderr, flush=True)
+    return code
+
