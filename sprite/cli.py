@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sprite.errors import EXIT_USAGE, SpriteError, UsageError
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -72,11 +72,11 @@ def run(
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes,
     }
-    run_state, plan = entry.prepare(flags, spec, run_dir)
+    run_state, launch = entry.prepare(flags, spec, run_dir)
     if dry_run:
-        typer.echo(plan.to_json() if json_out else plan.describe())
+        typer.echo(launch.to_json() if json_out else launch.describe())
         return 0
-    return entry.run_all(run_state, plan)
+    return entry.run_all(run_state, launch)
 
 
 @app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"
@@ -110,8 +110,8 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
     from sprite import cli_runs
-    from sprite.parity.command import app as parity_app
-    from sprite.submit_cli import register
+    from sprite.cli_submit import register
+    from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
@@ -126,8 +126,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         result = app(args=argv, standalone_mode=False)
     except SpriteError as err:
-        print(f"sprite: error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        exit_with(err)
     except typer.Exit as err:
         sys.exit(err.exit_code)
     except typer.Abort:
@@ -145,5 +144,5 @@ def _parse_error(err: typer.TyperException) -> None:
         print(message, file=sys.stderr)
     else:
         command = err.ctx.command_path if getattr(err, "ctx", None) else "sprite"
-        print(f"sprite: error: {message.rstrip('.')}. See '{command} --help' for usage.", file=sys.stderr)
+        print(f"sprite: error: {one_line(message.rstrip('.'))}. See '{command} --help' for usage.", file=sys.stderr)
     sys.exit(EXIT_USAGE)

@@ -12,7 +12,6 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Mapping
 
 from sprite import heartbeat
 from sprite.errors import UsageError
@@ -22,18 +21,17 @@ DEFAULT_PARENT = "sprite-runs"
 AUDIT, HEARTBEATS, SUMMARY = "audit.jsonl", "heartbeat", "run.json"
 
 
-def default_path(environ: Mapping[str, str], cwd: str | None = None, now: float | None = None) -> Path:
-    """A fresh name under ``./sprite-runs/``: time, scheduler job id (if any) and a random suffix."""
+def default_path(job_id: str = "", cwd: str | None = None, now: float | None = None) -> Path:
+    """A fresh name under ``./sprite-runs/``: time, the scheduler's job id (if any) and a random suffix."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    job = environ.get("PBS_JOBID") or environ.get("SLURM_JOB_ID") or ""
-    job = "".join(c if c.isalnum() or c in "-_" else "_" for c in job.split(".")[0])
+    job = "".join(c if c.isalnum() or c in "-_" else "_" for c in job_id.split(".")[0])
     name = "-".join(part for part in (stamp, job, secrets.token_hex(3)) if part)
     return Path(cwd or os.getcwd()) / DEFAULT_PARENT / name
 
 
-def choose(run_dir: str | None, environ: Mapping[str, str]) -> Path:
+def choose(run_dir: str | None, job_id: str = "") -> Path:
     """The absolute run folder path for ``--run-dir`` (or the default). Raises UsageError if it exists."""
-    path = Path(run_dir).absolute() if run_dir else default_path(environ)
+    path = Path(run_dir).absolute() if run_dir else default_path(job_id)
     if os.path.lexists(path):
         raise UsageError(f"The run folder {path} exists already.", "sprite never writes into an existing run folder.",
                          "Pass a new --run-dir, or leave it out for a new folder under ./sprite-runs/.")

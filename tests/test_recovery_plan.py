@@ -36,7 +36,7 @@ def test_the_first_plan_carries_the_run_folder_and_nothing_is_created(script, tm
     assert oct(run.path.stat().st_mode & 0o777) == "0o700" and (run.path / "heartbeat").is_dir()
     with pytest.raises(UsageError, match="exists already"):
         prepare(script, tmp_path)  # never into an existing run folder
-    default = rundir.choose(None, {"SLURM_JOB_ID": "12.pbs"})
+    default = rundir.choose(None, "12.pbs01")
     assert default.parent == Path(os.getcwd()) / "sprite-runs" and "-12-" in default.name
 
 
@@ -91,3 +91,15 @@ def test_a_launcher_that_says_0_for_an_unfinished_rank_fails_the_attempt(tmp_pat
     assert "sprite: error: the launcher exited 0, but the run did not finish" in capsys.readouterr().err
     finished = {rank: Beat(rank, "a", 1, 8, heartbeat.DONE, 9, 0.0, 0) for rank in (0, 1)}
     assert attempt._verdict(0, log, Plan, finished) == (0, classify.Verdict(classify.SUCCESS, "every rank finished"))
+
+
+def test_a_requeued_slurm_job_is_recorded_as_such(script, tmp_path):
+    from sprite import audit, schedulers
+
+    assert schedulers.get("slurm").restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
+    assert schedulers.get("pbs").restart_count({"SLURM_RESTART_COUNT": "2"}) == 0
+    run, plan = prepare(script, tmp_path, {**SLURM, "SLURM_RESTART_COUNT": "1"})
+    rundir.create(run.path)
+    entry._launch_record(run, plan)
+    kinds = [(r["kind"], r.get("restart_count")) for r in audit.read(run.trail)]
+    assert kinds == [("launch", None), ("requeue", 1)]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from sprite import contract, execute, heartbeat, rundir
-from sprite.errors import EXIT_STALLED
+from sprite.errors import EXIT_STALLED, SpriteError, report
 from sprite.plan import LaunchPlan
 from sprite.recovery import child, classify, policy
 from sprite.recovery.session import Run
@@ -34,7 +34,7 @@ class Watcher:
             return None
         self._next = now + self.poll
         self.stall = self.watch.observe(heartbeat.read_all(self.where), now)
-        return f"sprite: error: {self.stall.message()}" if self.stall else None
+        return report(SpriteError(self.stall.message())) if self.stall else None
 
 
 def _unfinished(verdict: classify.Verdict, beats: dict) -> classify.Verdict:
@@ -56,7 +56,7 @@ def _verdict(code: int, log_path: Path, plan: LaunchPlan, beats: dict) -> tuple[
     verdict = _unfinished(classify.classify(code, _tail(log_path), [h for h in world.hosts
                                                                     for _ in range(world.devices)]), beats)
     if code == 0 and verdict.cause != classify.SUCCESS:
-        print(f"sprite: error: the launcher exited 0, but the run did not finish: {verdict.reason}.",
+        print(report(SpriteError(f"the launcher exited 0, but the run did not finish: {verdict.reason}.")),
               file=sys.stderr, flush=True)
         code = 1  # srun exits 0 after "Node failure on HOST" (seen here, Slurm 22.05)
     return code, verdict

@@ -8,7 +8,8 @@ import sys
 import time
 from typing import Mapping
 
-from sprite import audit, execute, launch, rundir
+from sprite import allocation, audit, execute, rundir, schedulers
+from sprite import plan as planning
 from sprite.plan import LaunchPlan
 from sprite.recovery import summary
 from sprite.recovery.loop import run_attempts
@@ -18,15 +19,10 @@ from sprite.recovery.session import Run, limits_of
 def prepare(flags: dict, spec_file: str | None, run_dir: str | None,
             environ: Mapping[str, str] = os.environ) -> tuple[Run, LaunchPlan]:
     """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError."""
-    job, _ = launch.assemble(flags, spec_file, environ)
-    run = Run(rundir.choose(run_dir, environ), flags, spec_file, environ, job.retries, limits_of(job), job.script)
+    job, _ = planning.assemble(flags, spec_file, environ)
+    job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
+    run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script)
     return run, run.plan(1, flags)
-
-
-def _requeue(environ: Mapping[str, str]) -> dict | None:
-    """Slurm's restart count when this job was requeued (SLURM_RESTART_COUNT, 1 in the first rerun), else None."""
-    count = environ.get("SLURM_RESTART_COUNT", "")
-    return {"restart_count": int(count)} if count.isdigit() and int(count) > 0 else None
 
 
 def _launch_record(run: Run, plan: LaunchPlan) -> None:
@@ -38,9 +34,9 @@ def _launch_record(run: Run, plan: LaunchPlan) -> None:
                hosts=list(world.hosts), nodes=world.nodes, world_size=world.size, launcher=world.flavour,
                retries=run.retries, stall_timeout=limits.stall if limits else None,
                first_step_timeout=limits.first_step if limits else None, save_timeout=limits.save if limits else None)
-    requeued = _requeue(run.environ)
-    if requeued:
-        run.record("requeue", job_id=world.alloc.job_id, **requeued)
+    restarts = schedulers.detect(run.environ).restart_count(run.environ)
+    if restarts:
+        run.record("requeue", job_id=world.alloc.job_id, restart_count=restarts)
 
 
 def run_all(run: Run, plan: LaunchPlan) -> int:

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from sprite import audit, contract, launch, rundir
+from sprite import audit, contract, rundir
+from sprite import plan as planning
 from sprite.errors import UsageError
 from sprite.plan import LaunchPlan
 from sprite.recovery.watchdog import Limits, heartbeat_seconds
@@ -38,15 +39,15 @@ class Run:
         return {**env, contract.RESUME: resume} if resume else env
 
     def plan(self, attempt: int, flags: dict, resume: str | None = None) -> LaunchPlan:
-        """Raises UsageError / SpecError as ``launch.plan_run`` does."""
-        return launch.plan_run(flags, self.environ, self.spec_file, self.run_env(attempt, resume))
+        """Raises UsageError / SpecError as ``plan.plan_run`` does."""
+        return planning.plan_run(flags, self.environ, self.spec_file, self.run_env(attempt, resume))
 
     def next_plan(self, plan: LaunchPlan, flags: dict, number: int, exclude: tuple) -> tuple[LaunchPlan, dict, str]:
         """The plan of attempt ``number`` with ``SPRITE_RESUME=auto`` (``never`` stays ``never``), without the
         hosts in ``exclude`` when the allocation has room for the same world; also its flags and where it runs."""
         resume = "never" if plan.env.get(contract.RESUME) == "never" else "auto"
         if exclude:
-            job, _ = launch.assemble(flags, self.spec_file, self.environ)
+            job, _ = planning.assemble(flags, self.spec_file, self.environ)
             narrowed = {**flags, "exclude": [*job.exclude, *exclude], "nodes": str(plan.world.nodes),
                         "spare_nodes": 0}
             try:
