@@ -44,6 +44,8 @@ def run(
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
+                                         " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> None:
@@ -58,6 +60,7 @@ def run(
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+        "resume": resume,
     }
     plan = launch.plan_run(flags, spec_file=spec)
     if dry_run:
@@ -96,11 +99,13 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite.cli_ckpt import app as ckpt_app
     from sprite.parity.command import app as parity_app
     from sprite.submit_cli import register
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    app.add_typer(ckpt_app, name="ckpt")
 
 
 _mount_subcommands()
