@@ -17,6 +17,11 @@ HOSTS = "SPRITE_HOSTS"  # comma-separated hosts in node-rank order (node rank = 
 JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
 SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
 
+# Per-run options the runtime reads whether or not the world variables above are set.
+RESUME = "SPRITE_RESUME"  # never | auto | a checkpoint path (Trainer.fit's ckpt_path)
+RUN_DIR = "SPRITE_RUN_DIR"  # a folder holding the run's audit.jsonl; unset: no audit records from the ranks
+RESUME_MODES = ("never", "auto")  # or a path
+
 ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE)
 
 # Values both halves accept for SPRITE_ACCELERATOR and SPRITE_STRATEGY ("auto": decide inside the rank).

@@ -40,6 +40,7 @@ class JobSpec:
     env: dict = field(default_factory=dict)
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
+    resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
 
 
@@ -97,6 +98,12 @@ def _env(value: Any, complain: Complain) -> dict:
     return out
 
 
+def _resume(value: Any, complain: Complain) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise complain(f"{value!r} is not never, auto or a checkpoint path.", "never, auto, or a checkpoint path")
+    return value.strip()
+
+
 def _mapping(value: Any, complain: Complain) -> dict:
     if not isinstance(value, dict):
         raise complain(f"{value!r} is not a mapping.", "a block of key: value lines")
@@ -107,7 +114,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": _string, "args": _string_list, "nodes": _positive_int, "devices": _positive_int,
     "accelerator": _choice(ACCELERATORS), "strategy": _choice(STRATEGIES), "precision": _choice(PRECISIONS),
     "launcher": _choice(LAUNCHERS), "mpi": _choice(MPI_FLAVOURS), "site": _string, "env": _env,
-    "exclude": _string_list, "master_port": _port, "scheduler": _mapping,
+    "exclude": _string_list, "master_port": _port, "resume": _resume, "scheduler": _mapping,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -131,8 +138,9 @@ def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     Relative ``script`` paths resolve against the file's folder. Raises SpecError naming file, line and key.
     """
     checked = check_values(doc.mapping(section), doc.complainer(section))
-    if "script" in checked:
-        checked["script"] = str((Path(doc.source).parent / checked["script"]).resolve())
+    for key in ("script", "resume"):
+        if key in checked and (key == "script" or checked[key] not in contract.RESUME_MODES):
+            checked[key] = str((Path(doc.source).parent / checked[key]).resolve())
     return checked
 
 
