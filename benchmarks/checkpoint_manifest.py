@@ -1,7 +1,8 @@
 """What sealing a checkpoint costs: Lightning's ``trainer.save_checkpoint`` with sprite's manifest (fsync and
 SHA-256 of every file, manifest written last) against the same save without it, measured in the same process.
 
-The state is the parity recipe's model (``sprite/parity/recipe.py``: a Qwen2 decoder with LoRA and a 2-class
+The sealed arm is what the runtime installs: the single-file write hashes the bytes while they go to disk
+(sprite/runtime/hashed_save.py) and fsyncs them, then rank 0 seals. The state is the parity recipe's model (``sprite/parity/recipe.py``: a Qwen2 decoder with LoRA and a 2-class
 head; every frozen weight goes into the checkpoint too) after one AdamW step on one device, so the checkpoint has
 the size a ``qwen2.5-0.5b-shape`` fit writes (about 2 GB in fp32). Saves alternate between the two arms; the
 figures are medians over ``--repeats`` saves each. Target (issue 16): sealed / plain <= 1.15.
@@ -62,17 +63,25 @@ def main() -> None:
     parser.add_argument("--dir", help="folder to save into (default: a temporary folder)")
     args = parser.parse_args()
 
+    from lightning.fabric.plugins.io import torch_io
     from lightning.pytorch import Trainer
 
-    from sprite.runtime import ckpt_seal
+    from sprite.runtime import ckpt_seal, hashed_save
 
     folder = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     trainer = fitted_trainer(args.model, folder)
     original = Trainer.save_checkpoint
-    arms = {
-        "plain": lambda path: original(trainer, path),
-        "sealed": lambda path: ckpt_seal.save_checkpoint(original, trainer, path),
-    }
+    lightning_write = torch_io._atomic_save
+
+    def plain(path):
+        torch_io._atomic_save = lightning_write
+        original(trainer, path)
+
+    def sealed(path):  # what the runtime installs: the hashing write and the sealing wrapper
+        torch_io._atomic_save = hashed_save.atomic_save
+        ckpt_seal.save_checkpoint(original, trainer, path)
+
+    arms = {"plain": plain, "sealed": sealed}
     times: dict[str, list[float]] = {name: [] for name in arms}
     size = 0
     for repeat in range(args.repeats + 1):  # the first round warms the page cache and allocator; not counted

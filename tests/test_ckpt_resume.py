@@ -53,7 +53,7 @@ def ddp(sprite_cmd, tmp_path_factory):
     runs = {"root": root, "ck": root / "ck", "audit": root / "run" / "audit.jsonl"}
     (root / "run").mkdir()
     trail = ["--env", f"SPRITE_RUN_DIR={root / 'run'}"]
-    runs["u"] = fit(sprite_cmd, root, "u", [], root / "u_ck")
+    runs["u"] = fit(sprite_cmd, root, "u", ["--resume", "auto"], root / "u_ck")  # nothing to resume yet
     runs["k"] = fit(sprite_cmd, root, "k", trail, runs["ck"], "--crash-at-save", "4")
     runs["k_dir"] = sorted(os.listdir(runs["ck"]))
     runs["r"] = fit(sprite_cmd, root, "r", [*trail, "--launcher", "mpiexec", "--resume", "auto"], runs["ck"])
@@ -75,6 +75,7 @@ def ddp(sprite_cmd, tmp_path_factory):
 
 def test_a_rank_killed_while_writing_leaves_the_previous_checkpoint_valid(ddp, sprite_cmd):
     assert ddp["u"].returncode == 0, ddp["u"].stderr[-3000:]
+    assert f"resume auto: no checkpoint in {ddp['root'] / 'u_ck'}; starting fresh" in ddp["u"].stdout + ddp["u"].stderr
     assert ddp["k"].returncode != 0
     assert "epoch=1-step=12.ckpt" in ddp["k_dir"] and "epoch=1-step=12.ckpt.sprite-manifest.json" not in ddp["k_dir"]
     previous = subprocess.run([*sprite_cmd, "ckpt", "verify", str(ddp["ck"] / "epoch=1-step=9.ckpt")],

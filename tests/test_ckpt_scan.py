@@ -120,3 +120,18 @@ def test_resume_is_planned_into_the_contract(clean_env, example_script, tmp_path
 
     with pytest.raises(UsageError, match="no such checkpoint"):
         launch.plan_run({"script": example_script, "resume": str(tmp_path / "gone.ckpt")}, clean_env)
+
+
+def test_single_file_saves_are_hashed_while_written(tmp_path):
+    import hashlib
+
+    from sprite.runtime import hashed_save
+
+    target = tmp_path / "epoch=0-step=1.ckpt"
+    hashed_save.atomic_save({"w": list(range(1000))}, target)
+    assert os.listdir(tmp_path) == [target.name]  # written whole under a temporary name, then renamed
+    assert hashed_save.known_digest(target) == hashlib.sha256(target.read_bytes()).hexdigest()
+    hashed_save.atomic_save({"w": [1]}, target)  # a later save to the name replaces it, as Lightning's does
+    assert hashed_save.known_digest(target) == hashlib.sha256(target.read_bytes()).hexdigest()
+    target.write_bytes(target.read_bytes() + b"changed")
+    assert hashed_save.known_digest(target) is None  # a changed file is hashed again when sealed

@@ -11,14 +11,13 @@ complete. ``ModelCheckpoint._remove_checkpoint`` (save_top_k) also removes the m
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import re
 import secrets
 from pathlib import Path
 
 from sprite import integrity
-from sprite.runtime import collective
+from sprite.runtime import collective, hashed_save
 
 
 def _plan(target: Path, folder: bool) -> dict:
@@ -50,13 +49,18 @@ def _mine(written: Path, rank: int, world: int) -> list[str]:
 
 
 def _describe_mine(written: Path, rank: int, world: int) -> tuple[bool, object]:
-    """(True, {relpath: {size, sha256}}) after fsync of this rank's files, or (False, the reason)."""
+    """(True, {relpath: {size, sha256}}) after fsync of this rank's files, or (False, the reason). A file this
+    process hashed while writing it (hashed_save) is not read again."""
     try:
         root = written if written.is_dir() else written.parent
         names = _mine(written, rank, world)
+        known = {name: hashed_save.known_digest(root / name) for name in names}
         for name in names:
             integrity.fsync_file(root / name)
-        return True, integrity.describe(root, names)
+        files = integrity.describe(root, [name for name in names if not known[name]])
+        files.update({name: {"size": os.lstat(root / name).st_size, "sha256": digest}
+                      for name, digest in known.items() if digest})
+        return True, files
     except (OSError, integrity.IntegrityError) as err:
         return False, f"rank {rank}: {err}"
 
@@ -143,23 +147,12 @@ def remove_checkpoint(original, callback, trainer, filepath) -> None:
         os.unlink(manifest)
 
 
-def _wrap(cls, name: str, wrapper) -> None:
-    original = getattr(cls, name)
-    if getattr(original, "_sprite_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def method(self, *args, **kwargs):
-        return wrapper(original, self, *args, **kwargs)
-
-    method._sprite_wrapped = True
-    setattr(cls, name, method)
-
-
 def install() -> None:
-    """Wrap ``Trainer.save_checkpoint`` and ``ModelCheckpoint._remove_checkpoint`` (idempotent)."""
+    """Wrap ``Trainer.save_checkpoint`` and ``ModelCheckpoint._remove_checkpoint``, and hash single-file saves
+    while they are written (idempotent)."""
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    _wrap(Trainer, "save_checkpoint", save_checkpoint)
-    _wrap(ModelCheckpoint, "_remove_checkpoint", remove_checkpoint)
+    collective.wrap(Trainer, "save_checkpoint", save_checkpoint)
+    collective.wrap(ModelCheckpoint, "_remove_checkpoint", remove_checkpoint)
+    hashed_save.install()

@@ -1,8 +1,9 @@
 """Small helpers the checkpoint code shares: gather a Python object from every rank, name the strategy, say
-something on rank 0, and append to the run's audit trail when ``SPRITE_RUN_DIR`` names one."""
+something on rank 0, append to the run's audit trail when ``SPRITE_RUN_DIR`` names one, wrap a method once."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -42,3 +43,17 @@ def audit(kind: str, **fields) -> None:
     run_dir = os.environ.get(contract.RUN_DIR, "").strip()
     if run_dir:
         audit_trail.append(os.path.join(run_dir, AUDIT_NAME), kind, **fields)
+
+
+def wrap(cls, name: str, wrapper) -> None:
+    """Replace ``cls.name`` by ``wrapper(original, self, *args, **kwargs)``; a second call changes nothing."""
+    original = getattr(cls, name)
+    if getattr(original, "_sprite_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        return wrapper(original, self, *args, **kwargs)
+
+    method._sprite_wrapped = True
+    setattr(cls, name, method)

@@ -103,22 +103,21 @@ def install(wanted: str) -> None:
     from lightning.pytorch import Trainer
     from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
-    fit, resume_start = Trainer.fit, _CheckpointConnector.resume_start
-
-    def first_fit(self, *args, **kwargs):
+    def first_fit(fit, trainer, *args, **kwargs):
         given = kwargs.get("ckpt_path", args[4] if len(args) > 4 else None)
-        if not getattr(self, "_sprite_resume_used", False):
-            self._sprite_resume_used = True
+        if not getattr(trainer, "_sprite_resume_used", False):
+            trainer._sprite_resume_used = True
             if given is not None:
                 raise UsageError(f"The script calls Trainer.fit(ckpt_path={given!r}) and sprite was asked to"
                                  f" resume from {wanted!r}.", "Both choose the checkpoint to start from.",
                                  "Drop ckpt_path from the script, or run with --resume never.")
             kwargs["ckpt_path"] = PENDING
-        return fit(self, *args, **kwargs)
+        return fit(trainer, *args, **kwargs)
 
-    def resolving_start(self, checkpoint_path=None, weights_only=None):
+    def resolving_start(resume_start, connector, checkpoint_path=None, weights_only=None):
         if checkpoint_path == PENDING:
-            checkpoint_path = resolve(self.trainer, wanted)
-        return resume_start(self, checkpoint_path, weights_only)
+            checkpoint_path = resolve(connector.trainer, wanted)
+        return resume_start(connector, checkpoint_path, weights_only)
 
-    Trainer.fit, _CheckpointConnector.resume_start = first_fit, resolving_start
+    collective.wrap(Trainer, "fit", first_fit)
+    collective.wrap(_CheckpointConnector, "resume_start", resolving_start)

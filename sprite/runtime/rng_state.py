@@ -143,27 +143,22 @@ class ResumeState(Callback):
 _ACTIVE: list = []  # the ResumeState of the Trainer that is fitting now
 
 
+def _iterate(iterate, fetcher):
+    active = _ACTIVE[0] if _ACTIVE else None
+    if active is None or active.trainer is None or fetcher is not active.trainer.fit_loop._data_fetcher:
+        return iterate(fetcher)
+    return active.around_iter(fetcher, iterate)
+
+
+def _with_resume_state(on_trainer_init, connector, *args, **kwargs):
+    on_trainer_init(connector, *args, **kwargs)
+    connector.trainer.callbacks.append(ResumeState())
+
+
 def install() -> None:
     """Give every Trainer a ResumeState callback and route its training fetcher's iterator through it."""
     from lightning.pytorch.loops import fetchers
     from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
 
-    iterate = fetchers._DataFetcher.__iter__
-    if getattr(iterate, "_sprite_wrapped", False):
-        return
-
-    def __iter__(self):
-        active = _ACTIVE[0] if _ACTIVE else None
-        if active is None or active.trainer is None or self is not active.trainer.fit_loop._data_fetcher:
-            return iterate(self)
-        return active.around_iter(self, iterate)
-
-    __iter__._sprite_wrapped = True
-    fetchers._DataFetcher.__iter__ = __iter__
-    on_trainer_init = _CallbackConnector.on_trainer_init
-
-    def with_resume_state(self, *args, **kwargs):
-        on_trainer_init(self, *args, **kwargs)
-        self.trainer.callbacks.append(ResumeState())
-
-    _CallbackConnector.on_trainer_init = with_resume_state
+    collective.wrap(fetchers._DataFetcher, "__iter__", _iterate)
+    collective.wrap(_CallbackConnector, "on_trainer_init", _with_resume_state)
