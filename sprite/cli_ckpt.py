@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from sprite.errors import EXIT_CHECK_FAILED, UsageError
+from sprite.errors import EXIT_CHECK_FAILED, UsageError, report
 
 app = typer.Typer(name="ckpt", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="Verify checkpoints against the manifests sprite writes when it saves them.")
@@ -44,7 +44,10 @@ def verify(path: str = typer.Argument(..., help="checkpoint file or folder")) ->
 
     entry = ckpt_scan.inspect(_exists(path, "verify"), verify=True)
     if not entry.valid:
-        print(f"sprite: invalid checkpoint: {entry.reason}", file=sys.stderr, flush=True)
+        from sprite.integrity import IntegrityError
+
+        print(report(IntegrityError(f"invalid checkpoint: {entry.reason}.", "It was cut short or changed after"
+                                    " the save.", "Use another checkpoint.")), file=sys.stderr, flush=True)
         raise typer.Exit(EXIT_CHECK_FAILED)
     typer.echo(f"valid: {path} (step {entry.step}, epoch {entry.epoch}, {_size(entry.size)})")
 

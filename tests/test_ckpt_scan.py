@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from sprite import ckpt_scan, cli, contract, integrity, launch
+from sprite import ckpt_scan, cli, contract, integrity, plan
 from sprite.runtime import ckpt_seal
 
 
@@ -109,17 +109,16 @@ sys.stderr.write("HEAVY=" + repr(heavy))
 
 
 def test_resume_is_planned_into_the_contract(clean_env, example_script, tmp_path):
-    plan = launch.plan_run({"script": example_script}, clean_env)
-    assert plan.env[contract.RESUME] == "never"
-    assert launch.plan_run({"script": example_script, "resume": "auto"}, clean_env).env[contract.RESUME] == "auto"
+    assert plan.plan_run({"script": example_script}, clean_env).env[contract.RESUME] == "never"
+    assert plan.plan_run({"script": example_script, "resume": "auto"}, clean_env).env[contract.RESUME] == "auto"
     ckpt = _ckpt(tmp_path, 3)
     spec = tmp_path / "job.yaml"
     spec.write_text(f"script: {example_script}\nresume: {ckpt.name}\n")
-    assert launch.plan_run({}, clean_env, spec_file=str(spec)).env[contract.RESUME] == str(ckpt)
+    assert plan.plan_run({}, clean_env, spec_file=str(spec)).env[contract.RESUME] == str(ckpt)
     from sprite.errors import UsageError
 
     with pytest.raises(UsageError, match="no such checkpoint"):
-        launch.plan_run({"script": example_script, "resume": str(tmp_path / "gone.ckpt")}, clean_env)
+        plan.plan_run({"script": example_script, "resume": str(tmp_path / "gone.ckpt")}, clean_env)
 
 
 def test_single_file_saves_are_hashed_while_written(tmp_path):

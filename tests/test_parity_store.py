@@ -7,7 +7,7 @@ import pytest
 
 from sprite import integrity
 from sprite.parity import store
-from sprite.parity.launching import arm_overrides
+from sprite.parity.arm_launch import arm_overrides
 from sprite.parity.settings import Settings
 
 
