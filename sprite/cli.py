@@ -55,6 +55,8 @@ def run(
     retries: Optional[str] = typer.Option(None, "--retries", help="relaunch up to N times after a failure"),
     spare_nodes: Optional[str] = typer.Option(None, "--spare-nodes", help="keep K allocated nodes out of the first "
                                               "launch, to replace a failed node"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
+                                         " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> int:
@@ -70,7 +72,7 @@ def run(
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
-        "retries": retries, "spare_nodes": spare_nodes,
+        "retries": retries, "spare_nodes": spare_nodes, "resume": resume,
     }
     run_state, launch = entry.prepare(flags, spec, run_dir)
     if dry_run:
@@ -110,11 +112,13 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
     from sprite import cli_runs
+    from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
     from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    app.add_typer(ckpt_app, name="ckpt")
     cli_runs.register(app)
 
 

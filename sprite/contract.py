@@ -16,9 +16,13 @@ LAUNCHER = "SPRITE_LAUNCHER"  # one of LAUNCHER_FLAVOURS
 HOSTS = "SPRITE_HOSTS"  # comma-separated hosts in node-rank order (node rank = index of this host)
 JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
 SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
-RUN_DIR = "SPRITE_RUN_DIR"  # this run's folder (audit.jsonl, heartbeat/, run.json); on a filesystem every node sees
+
+# Per-run options the runtime reads whether or not the world variables above are set.
+RESUME = "SPRITE_RESUME"  # never | auto | a checkpoint path (Trainer.fit's ckpt_path)
+RUN_DIR = "SPRITE_RUN_DIR"  # the run folder (audit.jsonl, heartbeat/, run.json), on a file system every node sees;
+# unset: no audit records and no heartbeat from the ranks
+RESUME_MODES = ("never", "auto")  # or a path
 ATTEMPT = "SPRITE_ATTEMPT"  # 1 for the first launch of a run, 2 for its first relaunch, ...
-RESUME = "SPRITE_RESUME"  # auto | never | a checkpoint path: where the fit resumes from
 HEARTBEAT_SECONDS = "SPRITE_HEARTBEAT_SECONDS"  # the most often a rank rewrites its heartbeat within one phase
 
 ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE)

@@ -59,6 +59,8 @@ def test_sprites_own_lines_and_exit_codes():
     assert classify.classify(124, stall).hosts == ("b",)
     assert classify.classify(137, "").cause == NODE_FAULT  # killed, and nothing else said
     assert classify.classify(3, "no clue").reason == "exit code 3 with no recognised cause in the log"
+    said = "[rank 0] sprite: resume: from ckpts/step=4.ckpt (step 4, epoch 0)\n[rank 1] ValueError: boom"
+    assert classify.classify(1, said).cause == APP_FAULT  # sprite's notes are not refusals
 
 
 def test_lines_from_slurm_batch_outputs():

@@ -30,7 +30,7 @@ def prepare(script, tmp_path, environ=None, **flags):
 def test_the_first_plan_carries_the_run_folder_and_nothing_is_created(script, tmp_path):
     run, plan = prepare(script, tmp_path, stall_timeout="60")
     assert plan.env[contract.RUN_DIR] == str(tmp_path / "run") and plan.env[contract.ATTEMPT] == "1"
-    assert plan.env[contract.HEARTBEAT_SECONDS] == "6" and contract.RESUME not in plan.env
+    assert plan.env[contract.HEARTBEAT_SECONDS] == "6" and plan.env[contract.RESUME] == "never"
     assert not (tmp_path / "run").exists()
     rundir.create(run.path)
     assert oct(run.path.stat().st_mode & 0o777) == "0o700" and (run.path / "heartbeat").is_dir()
@@ -55,10 +55,18 @@ def test_spare_nodes_stay_out_of_the_first_launch_and_replace_a_failed_host(scri
         prepare(script, tmp_path, SLURM, spare_nodes="2", nodes="2")
 
 
-def test_relaunches_resume_unless_the_run_said_never(script, tmp_path):
-    run, plan = prepare(script, tmp_path, env={contract.RESUME: "never"})
-    nxt, _, _ = run.next_plan(plan, run.flags, 2, ())
-    assert nxt.env[contract.RESUME] == "never"
+def test_relaunches_resume_unless_the_user_said_never(script, tmp_path):
+    run, plan = prepare(script, tmp_path)
+    assert plan.env[contract.RESUME] == "never" and not run.keep_never  # the default: as the script would start
+    assert run.next_plan(plan, run.flags, 2, ())[0].env[contract.RESUME] == "auto"
+    run, plan = prepare(script, tmp_path, resume="never")
+    assert run.keep_never and run.next_plan(plan, run.flags, 2, ())[0].env[contract.RESUME] == "never"
+    spec = tmp_path / "job.yaml"
+    spec.write_text("script: train.py\nresume: never\n")
+    run, plan = entry.prepare({}, str(spec), str(tmp_path / "run2"), {})
+    assert run.keep_never
+    run, plan = entry.prepare({"resume": "auto"}, str(spec), str(tmp_path / "run3"), {})
+    assert not run.keep_never and plan.env[contract.RESUME] == "auto"
 
 
 def test_watchdog_settings_from_flags_spec_and_site(script, tmp_path):

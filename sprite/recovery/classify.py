@@ -32,7 +32,7 @@ class Verdict:
 _FORWARDED = re.compile(r"sprite: received (SIG\w+); passing it to the launcher")
 _STALLED = re.compile(r"sprite: error: (Stopped the run: no rank advanced.*)$", re.M)
 _SUSPECTS = re.compile(r"suspect hosts: ([^)]*)\)")
-_SPRITE_ERROR = re.compile(r"^(?:\[rank \d+\] )?sprite: (?!received |rank \d+ exited|warning)(?:error: )?(.*)$", re.M)
+_SPRITE_ERROR = re.compile(r"^(?:\[rank \d+\] )?sprite: error: (.*)$", re.M)  # a rank's refusal (errors.report)
 _ALLOCATION_END = re.compile(r"DUE TO PREEMPTION|DUE TO TIME LIMIT|PBS: job killed: walltime \S+ exceeded limit")
 _OOM = re.compile(r"can't allocate memory|oom[-_]kill|CUDA out of memory|OutOfMemoryError|OUT_OF_DEVICE_MEMORY")
 _NODE_FAILURE = re.compile(r"Node failure on (?P<host>[\w.-]+)|ON (?P<on>[\w.-]+) CANCELLED AT \S+ DUE TO NODE "

@@ -13,7 +13,7 @@ from sprite import plan as planning
 from sprite.plan import LaunchPlan
 from sprite.recovery import summary
 from sprite.recovery.loop import run_attempts
-from sprite.recovery.session import Run, limits_of
+from sprite.recovery.session import Run, limits_of, said_never
 
 
 def prepare(flags: dict, spec_file: str | None, run_dir: str | None,
@@ -21,7 +21,8 @@ def prepare(flags: dict, spec_file: str | None, run_dir: str | None,
     """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError."""
     job, _ = planning.assemble(flags, spec_file, environ)
     job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
-    run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script)
+    run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
+              said_never(flags, spec_file))
     return run, run.plan(1, flags)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 
-from sprite import contract
 from sprite.plan import LaunchPlan
 from sprite.recovery import attempt, child, policy
 from sprite.recovery.session import Run
@@ -37,8 +36,7 @@ def run_attempts(run: Run, plan: LaunchPlan) -> int:
                 run.record("attempt_end", **ended, next=f"stop: {decision.why}")
                 return ended["exit_code"]
             plan, flags, where = run.next_plan(plan, flags, number + 1, decision.exclude)
-            starts = "from scratch (--resume never)" if plan.env.get(contract.RESUME) == "never" else \
-                "from the last valid checkpoint"
+            starts = "from scratch (--resume never)" if run.keep_never else "from the last valid checkpoint"
             run.record("attempt_end", **ended, next=f"relaunch {where}: {decision.why}")
             _say(f"attempt {number} ended with exit code {ended['exit_code']} ({verdict.cause}: {verdict.reason}); "
                  f"relaunching {where} as attempt {number + 1} of {run.retries + 1}, starting {starts}.")

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from sprite import audit, contract, rundir
+from sprite import audit, contract, rundir, yamldoc
+from sprite import spec as specmod
 from sprite import plan as planning
 from sprite.errors import UsageError
 from sprite.plan import LaunchPlan
@@ -24,6 +25,7 @@ class Run:
     retries: int
     limits: Limits | None
     script: str = ""
+    keep_never: bool = False  # the user chose --resume never: relaunches start from scratch too
     attempts: list = field(default_factory=list)
 
     @property
@@ -43,9 +45,9 @@ class Run:
         return planning.plan_run(flags, self.environ, self.spec_file, self.run_env(attempt, resume))
 
     def next_plan(self, plan: LaunchPlan, flags: dict, number: int, exclude: tuple) -> tuple[LaunchPlan, dict, str]:
-        """The plan of attempt ``number`` with ``SPRITE_RESUME=auto`` (``never`` stays ``never``), without the
-        hosts in ``exclude`` when the allocation has room for the same world; also its flags and where it runs."""
-        resume = "never" if plan.env.get(contract.RESUME) == "never" else "auto"
+        """The plan of attempt ``number`` with ``SPRITE_RESUME=auto`` (``never`` when the user chose it), without
+        the hosts in ``exclude`` when the allocation has room for the same world; also its flags and where it runs."""
+        resume = "never" if self.keep_never else "auto"
         if exclude:
             job, _ = planning.assemble(flags, self.spec_file, self.environ)
             narrowed = {**flags, "exclude": [*job.exclude, *exclude], "nodes": str(plan.world.nodes),
@@ -68,3 +70,13 @@ def limits_of(job) -> Limits | None:
                              "Add --stall-timeout SECONDS (or stall_timeout: in the spec or site profile).")
         return None
     return Limits.from_options(job.stall_timeout, job.first_step_timeout, job.save_timeout)
+
+
+def said_never(flags: dict, spec_file: str | None) -> bool:
+    """Whether the user chose ``--resume never`` (the flag, else the spec file), not merely left the default.
+
+    Raises SpecError for an unreadable spec file.
+    """
+    if flags.get("resume") is not None:
+        return flags["resume"] == "never"
+    return bool(spec_file) and specmod.from_document(yamldoc.load(spec_file)).get("resume") == "never"
