@@ -96,11 +96,13 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite.parity.bench_cli import app as bench_app
     from sprite.parity.command import app as parity_app
     from sprite.submit_cli import register
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    app.add_typer(bench_app, name="bench")
 
 
 _mount_subcommands()

@@ -22,7 +22,8 @@ def test_planning_and_help_import_no_torch_or_lightning(clean_env, example_scrip
     probe = f"""
 import sys
 from sprite import cli
-for argv in (["--help"], ["run", "--help"], ["env", "--json"], ["run", "--dry-run", "--json", {example_script!r}]):
+for argv in (["--help"], ["run", "--help"], ["env", "--json"], ["run", "--dry-run", "--json", {example_script!r}],
+             ["bench", "--help"], ["bench", "compare", "--help"]):
     try:
         cli.main(argv)
     except SystemExit as exit:
