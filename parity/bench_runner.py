@@ -52,7 +52,7 @@ def plan_arm(out: pathlib.Path, settings: BenchSettings, world: int, arm: str, r
              environ: Mapping[str, str] = os.environ) -> LaunchPlan:
     """The plan of one launch in the allocation ``environ`` describes. Raises UsageError when the world cannot
     be launched there (e.g. more nodes than the allocation holds)."""
-    from sprite.launch import plan_run
+    from sprite.plan import plan_run
 
     flags = _flags(out, settings, world, arm, repeat)
     if arm == "sprite":
