@@ -83,7 +83,7 @@ def run_all(out: pathlib.Path, settings: BenchSettings, console: Console) -> lis
 
     order, results = launches(settings), []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("benchmark", total=len(order))
         for index, (repeat, world, arm) in enumerate(order, 1):
             label = f"world {world} {arm} (repeat {repeat + 1}/{settings.repeats})"

@@ -46,6 +46,7 @@ class Measure:
         self.timer = StepTimer(kind, device, windows, self.settings.warmup, self.loader)
         self.flops = StepFlops()
         self.peak = self._measured_peak()
+        kind.reset_peak_memory(device)  # the peak of training, not of the GEMMs above or of loading the model
 
     def _measured_peak(self) -> dict | None:
         if not self.settings.measure_peak:

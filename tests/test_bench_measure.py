@@ -176,6 +176,12 @@ class FakeXPUModule:
     def get_device_properties(self, device=None):
         return type("Props", (), {"gpu_eu_count": 512})()
 
+    def empty_cache(self):
+        self.synced.append("empty_cache")
+
+    def reset_peak_memory_stats(self, device=None):
+        self.synced.append(("reset", device))
+
 
 def test_device_table_measurement_calls(monkeypatch):
     cpu = DEVICE_TABLE["cpu"]
@@ -185,7 +191,8 @@ def test_device_table_measurement_calls(monkeypatch):
     monkeypatch.setattr(torch, "xpu", fake)
     xpu = DEVICE_TABLE["xpu"]
     xpu.synchronize("xpu:1")
-    assert fake.synced == ["xpu:1"]
+    xpu.reset_peak_memory("xpu:1")
+    assert fake.synced == ["xpu:1", "empty_cache", ("reset", "xpu:1")]
     assert xpu.peak_memory() == {"allocated": 3 * 2**30, "reserved": 4 * 2**30}
     peak = table_peak(xpu.device_name(), "bf16-mixed", xpu.compute_units())
     assert peak.tflops == pytest.approx(419.43, rel=1e-3)
