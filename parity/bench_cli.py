@@ -57,14 +57,16 @@ def bench(
     seq: int = typer.Option(128, help="Tokens per row."),
     precision: str = typer.Option("32-true", help="32-true, bf16-mixed or bf16-true."),
     steps: int = typer.Option(40, help="Timed steps per launch (a multiple of --window)."),
-    warmup: int = typer.Option(5, help="Untimed steps first (step 0 counts FLOPs)."),
+    warmup: int = typer.Option(
+        5, help="Untimed steps first (step 0 counts FLOPs), and before the probe at twice the batch."),
     window: int = typer.Option(10, help="Steps timed between two device synchronisations (1: every step)."),
     sweep: str = typer.Option("1", help="World sizes to measure, e.g. 1,2,4."),
     devices: int = typer.Option(0, help="Ranks per node; larger sweep points take whole nodes (0: one node)."),
     baseline: Optional[List[str]] = typer.Option(
         None, help="raw (plain PyTorch loop) or lightning (torchrun); repeatable."),
     repeats: int = typer.Option(1, help="Launches of every arm and world size, interleaved."),
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile each decoder block after step 0."),
+    compile_: bool = typer.Option(
+        False, "--compile", help="torch.compile each decoder block after step 0 (use --warmup 10 or more)."),
     measure_peak: bool = typer.Option(False, "--measure-peak", help="MFU against a timed GEMM, not the peak table."),
     accelerator: str = typer.Option("auto", help="auto, cpu, cuda or xpu."),
     attention: str = typer.Option("sdpa", help="Hugging Face attention: sdpa or eager."),

@@ -19,17 +19,25 @@ LAUNCH_BOUND_RATIO = 1.3
 SETTINGS_FILE = "bench_settings.json"
 
 
+TIMED = ("sync", "nosync", "probe")
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
-    """``steps`` consecutive steps timed between two device synchronisations.
+    """``steps`` consecutive steps between two device synchronisations.
 
-    mode: "sync" (the step as trained), "nosync" (the same step without gradient synchronisation, for the
-    communication time) or "probe" (the step at twice the batch, for the launch-bound check).
+    mode: "warmup" and "probe_warmup" (untimed: compilation, allocator and kernel selection settle, also after
+    the batch changes), "sync" (the step as trained), "nosync" (the same step without gradient synchronisation,
+    for the communication time) or "probe" (the step at twice the batch, for the launch-bound check).
     """
 
     mode: str
     batch: int
     steps: int
+
+    @property
+    def timed(self) -> bool:
+        return self.mode in TIMED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,24 +77,26 @@ class BenchSettings:
             return 1, world
         return world // self.devices, self.devices
 
-    def windows(self, world: int, probe: bool) -> list[Window]:
-        """The timed windows after warm-up, in order: synced windows, each followed by a no-sync window when
-        there is communication to measure (world > 1), then one probe window at twice the batch if ``probe``."""
-        out = []
+    def phases(self, world: int, probe: bool) -> list[Window]:
+        """Every window an arm runs, in order: warm-up; synced windows, each followed by a no-sync window when
+        there is communication to measure (world > 1); then, if ``probe``, a second warm-up at twice the batch (a
+        compiled step recompiles for the new shape) and one probe window."""
+        out = [Window("warmup", self.batch, self.warmup)]
         for _ in range(self.steps // self.window):
             out.append(Window("sync", self.batch, self.window))
             if world > 1:
                 out.append(Window("nosync", self.batch, self.window))
         if probe:
-            out.append(Window("probe", 2 * self.batch, self.window))
+            out += [Window("probe_warmup", 2 * self.batch, self.warmup), Window("probe", 2 * self.batch, self.window)]
         return out
 
+    def windows(self, world: int, probe: bool) -> list[Window]:
+        """The timed windows, in order."""
+        return [window for window in self.phases(world, probe) if window.timed]
+
     def step_plan(self, world: int, probe: bool) -> list[tuple[str, int]]:
-        """(mode, batch) of every step the arm runs: the warm-up steps, then every window's steps."""
-        plan = [("warmup", self.batch)] * self.warmup
-        for window in self.windows(world, probe):
-            plan += [(window.mode, window.batch)] * window.steps
-        return plan
+        """(mode, batch) of every step the arm runs, window after window."""
+        return [(window.mode, window.batch) for window in self.phases(world, probe) for _ in range(window.steps)]
 
     def tokens_per_step(self, world: int) -> int:
         """Tokens the whole world trains in one step (``batch`` rows of ``seq`` tokens on every rank)."""

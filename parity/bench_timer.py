@@ -34,21 +34,21 @@ class LoaderClock:
 
 
 class StepTimer:
-    """Records one entry per window: mode, batch, steps, seconds, and seconds spent in the loader.
+    """Records one entry per timed window: mode, batch, steps, seconds, and seconds spent in the loader.
 
-    Call ``step_end(index)`` after every step (index from 0). Peak memory is read at the end of the first synced
-    window, before any no-sync window (whose unsynchronised gradients FSDP2 keeps unsharded) or probe window
-    (twice the batch) can raise it.
+    Call ``step_end(index)`` after every step (index from 0); the device is synchronised at the end of every
+    window of ``phases`` (bench_settings), timed or not, and nowhere else. Peak memory is read at the end of the
+    first synced window, before any no-sync window (whose unsynchronised gradients FSDP2 keeps unsharded) or
+    probe window (twice the batch) can raise it.
     """
 
-    def __init__(self, kind, device, windows, warmup: int, clock: LoaderClock):
+    def __init__(self, kind, device, phases, clock: LoaderClock):
         self.kind, self.device, self.clock = kind, device, clock
-        self.ends: dict[int, object] = {}
-        last = warmup - 1
-        self.ends[last] = None  # the end of warm-up opens the first window
-        for window in windows:
+        self.ends, last = {}, -1
+        for window in phases:
             last += window.steps
             self.ends[last] = window
+        self.timed = sum(window.timed for window in phases)
         self.records: list[dict] = []
         self.memory: dict | None = None
         self.memory_read = False
@@ -60,7 +60,7 @@ class StepTimer:
         self.kind.synchronize(self.device)
         now, loaded = time.perf_counter(), self.clock.seconds
         window = self.ends[index]
-        if window is not None:
+        if window.timed:
             start, start_loaded = self._mark
             self.records.append({"mode": window.mode, "batch": window.batch, "steps": window.steps,
                                  "seconds": now - start, "loader_seconds": loaded - start_loaded})
@@ -70,4 +70,4 @@ class StepTimer:
 
     @property
     def done(self) -> bool:
-        return len(self.records) == len(self.ends) - 1
+        return len(self.records) == self.timed

@@ -41,9 +41,8 @@ class Measure:
                               "The launch folder was used by an earlier run.", "Run into a fresh --out folder.")
         probe = args.arm == "sprite"  # the launch-bound probe runs in sprite's own arm only
         self.plan = self.settings.step_plan(args.world, probe)
-        windows = self.settings.windows(args.world, probe)
         self.loader = LoaderClock(bench_model.loader(self.settings, self.plan, vocab, rank))
-        self.timer = StepTimer(kind, device, windows, self.settings.warmup, self.loader)
+        self.timer = StepTimer(kind, device, self.settings.phases(args.world, probe), self.loader)
         self.flops = StepFlops()
         self.peak = self._measured_peak()
         kind.reset_peak_memory(device)  # the peak of training, not of the GEMMs above or of loading the model

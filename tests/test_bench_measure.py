@@ -97,12 +97,14 @@ def test_steps_are_timed_in_windows_with_one_synchronisation_at_each_end():
     assert [(w.mode, w.batch) for w in windows] == [("sync", 4), ("nosync", 4), ("sync", 4), ("nosync", 4),
                                                      ("probe", 8)]
     plan = settings.step_plan(world=2, probe=True)
-    assert len(plan) == 2 + 5 * 3 and plan[:2] == [("warmup", 4)] * 2 and plan[-1] == ("probe", 8)
+    # Warm-up, 2 x (synced, no-sync), a warm-up at the probe's batch (a compiled step recompiles), the probe.
+    assert plan == ([("warmup", 4)] * 2 + ([("sync", 4)] * 3 + [("nosync", 4)] * 3) * 2 + [("probe_warmup", 8)] * 2
+                    + [("probe", 8)] * 3)
     device, clock = CountingDevice(), LoaderClock([0] * len(plan))
-    timer = StepTimer(device, None, windows, settings.warmup, clock)
+    timer = StepTimer(device, None, settings.phases(world=2, probe=True), clock)
     for index, _ in enumerate(clock):
         timer.step_end(index)
-    assert device.syncs == len(windows) + 1 and timer.done  # 17 steps, 6 synchronisations
+    assert device.syncs == len(windows) + 2 and timer.done  # 19 steps, 7 synchronisations
     assert [(r["mode"], r["steps"]) for r in timer.records] == [(w.mode, w.steps) for w in windows]
     assert timer.memory == {"allocated": 2, "reserved": 4}  # read at the end of the first synced window
     assert settings.windows(world=1, probe=False) == [Window("sync", 4, 3)] * 2  # no communication at 1 rank
@@ -210,7 +212,7 @@ def test_step_0_counts_flops_then_compile_compiles_the_blocks(tmp_path):
     measure = Measure(args, DEVICE_TABLE["cpu"], torch.device("cpu"), 0, vocab=256)
     model = bench_model.build(settings)
     ids, labels = next(iter(measure.loader))
-    assert ids.shape == (2, 16) and len(measure.loader) == measure.steps == 2 + 40 + 10  # warm-up, windows, probe
+    assert ids.shape == (2, 16) and len(measure.loader) == measure.steps == 2 + 40 + 2 + 10  # warm-ups, windows
     measure.before_step(0)
     bench_model.loss(model, ids, labels).backward()
     assert all(getattr(b, "_compiled_call_impl", None) is None for b in bench_model.blocks(model))
