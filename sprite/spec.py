@@ -41,6 +41,7 @@ class JobSpec:
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
     scheduler: dict = field(default_factory=dict)
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
@@ -68,6 +69,13 @@ def _port(value: Any, complain: Complain) -> int:
     if not 1024 <= port <= 65535:
         raise complain(f"{port} is outside the unprivileged port range.", "1024-65535")
     return port
+
+
+def _checks(value: Any, complain: Complain) -> str:
+    # YAML 1.1 reads a bare `checks: on` / `checks: off` as a boolean (yaml.safe_load).
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return _choice(contract.CHECK_MODES)(value, complain)
 
 
 def _string(value: Any, complain: Complain) -> str:
@@ -107,7 +115,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": _string, "args": _string_list, "nodes": _positive_int, "devices": _positive_int,
     "accelerator": _choice(ACCELERATORS), "strategy": _choice(STRATEGIES), "precision": _choice(PRECISIONS),
     "launcher": _choice(LAUNCHERS), "mpi": _choice(MPI_FLAVOURS), "site": _string, "env": _env,
-    "exclude": _string_list, "master_port": _port, "scheduler": _mapping,
+    "exclude": _string_list, "master_port": _port, "scheduler": _mapping, "checks": _checks,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
