@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from sprite import launch, spec, submit_command, yamlsrc
+from sprite import launch, sites, spec, submit_command, yamlsrc
 from sprite.errors import UsageError
 from sprite.runtime import batch_digest, config, findings, inject, loaders, world_block
 from sprite.runtime.batch_math import BatchFacts, batch_lines, repeated_samples
@@ -66,14 +66,24 @@ def test_drop_last_and_unknown_sizes():
     assert "x 2 data-parallel groups x" in batch_lines(BatchFacts(8, 2, 1), 4)[0]
 
 
+def sharded_loader(length: int, world: int, batch_size: int = 2) -> DataLoader:
+    data = TensorDataset(torch.zeros(length, 1))
+    return DataLoader(data, batch_size=batch_size, sampler=DistributedSampler(data, world, rank=0, shuffle=False))
+
+
 @pytest.mark.parametrize("length, world, extra", [(5, 2, 1), (4, 2, 0), (7, 4, 1), (1, 12, 11), (24, 12, 0)])
 def test_padding_count_matches_distributed_sampler(length, world, extra):
     assert repeated_samples(length, world) == extra
-    sampler = DistributedSampler(range(length), num_replicas=world, rank=0, shuffle=False)
-    assert sampler.total_size - length == extra
-    loader = DataLoader(TensorDataset(torch.zeros(length, 1)), batch_size=2, sampler=DistributedSampler(
-        TensorDataset(torch.zeros(length, 1)), num_replicas=world, rank=0, shuffle=False))
-    assert loaders.repeated(loader) == (length, extra)
+    assert DistributedSampler(range(length), world, rank=0).total_size - length == extra
+    assert loaders.repeated(sharded_loader(length, world)) == (length, extra)
+
+
+def test_padded_sets_skip_loops_that_stop_before_the_repeats():
+    five, four = sharded_loader(5, 2), sharded_loader(4, 2)  # 3 and 2 samples per rank: 2 and 1 batches
+    assert loaders.padded_sets([five, four], [2, 1]) == [(5, 1)]
+    assert loaders.padded_sets({"a": five}, [1]) == []  # limit_val_batches=1: the repeated sample is never run
+    assert loaders.padded_sets(DataLoader(TensorDataset(torch.zeros(5, 1))), [5]) == []  # no DistributedSampler
+    assert loaders.padded_sets(None, []) == []
 
 
 def test_world_block_lines():
@@ -221,15 +231,9 @@ def test_spec_key(tmp_path, clean_env, example_script, text, mode):
     layer = spec.from_document(yamlsrc.load(str(path)))
     plan = launch.plan_run({"site": "local"}, clean_env, spec_file=str(path))
     assert plan.env["SPRITE_CHECKS"] == mode and layer.get("checks", "on") == mode
-    argv = submit_command.run_argv("python", plan_site(), layer, spec.merge(layer))
+    argv = submit_command.run_argv("python", sites.load("local"), layer, spec.merge(layer))
     assert {"off": ["--no-checks"], "strict": ["--strict"], "on": []}[mode] == [a for a in argv if a in
                                                                                 ("--no-checks", "--strict")]
-
-
-def plan_site():
-    from sprite import sites
-
-    return sites.load("local")
 
 
 def test_spec_key_rejects_other_values(tmp_path, example_script):

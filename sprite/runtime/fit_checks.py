@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 
 from sprite.runtime import batch_digest, findings, world_block
 from sprite.runtime.config import RuntimeConfig
-from sprite.runtime.loaders import data_parallel, flatten, repeated
+from sprite.runtime.loaders import data_parallel, padded_sets
 
 
 class FitChecks(Callback):
@@ -36,18 +36,16 @@ class FitChecks(Callback):
         if value:
             self._report(trainer, findings.nccl_timeout(value, trainer.strategy.root_device.type))
 
-    def _evaluation(self, trainer, stage: str, loaders) -> None:
-        for loader in flatten(loaders):
-            length, extra = repeated(loader)
-            if extra:
-                self._report(trainer, findings.padded_evaluation(stage, length, trainer.world_size, extra))
+    def _evaluation(self, trainer, stage: str, loaders, batches: list) -> None:
+        for length, extra in padded_sets(loaders, batches):
+            self._report(trainer, findings.padded_evaluation(stage, length, trainer.world_size, extra))
 
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
             print("\n".join(world_block.render(world_block.from_trainer(trainer, self.cfg))), file=sys.stderr,
                   flush=True)
         self._environment(trainer)
-        self._evaluation(trainer, "validation", trainer.val_dataloaders)
+        self._evaluation(trainer, "validation", trainer.val_dataloaders, trainer.num_val_batches)
         self._compare_first_batch = trainer.world_size > 1
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -63,8 +61,8 @@ class FitChecks(Callback):
     def on_validation_start(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:  # a fit's sets are checked at on_train_start, after its sanity check
             self._environment(trainer)
-            self._evaluation(trainer, "validation", trainer.val_dataloaders)
+            self._evaluation(trainer, "validation", trainer.val_dataloaders, trainer.num_val_batches)
 
     def on_test_start(self, trainer, pl_module) -> None:
         self._environment(trainer)
-        self._evaluation(trainer, "test", trainer.test_dataloaders)
+        self._evaluation(trainer, "test", trainer.test_dataloaders, trainer.num_test_batches)

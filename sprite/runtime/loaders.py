@@ -43,6 +43,17 @@ def repeated(loader: DataLoader) -> tuple[int, int]:
     return length, repeated_samples(length, sampler.num_replicas)
 
 
+def padded_sets(loaders, batches: list) -> list[tuple[int, int]]:
+    """(length, repeated samples) of each evaluation loader whose DistributedSampler pads and whose loop runs
+    to the end; ``batches`` says how many batches of each loader the loop runs (``trainer.num_val_batches``)."""
+    out = []
+    for loader, runs in zip(flatten(loaders), batches):
+        length, extra = repeated(loader)
+        if extra and runs >= len(loader):  # the repeated samples come last: a shortened loop never sees them
+            out.append((length, extra))
+    return out
+
+
 def data_parallel(strategy, world: int, rank: int) -> tuple[int, int]:
     """(data-parallel size, this rank's data-parallel index): ranks of one tensor-parallel group share data."""
     mesh = getattr(strategy, "_device_mesh", None)  # ModelParallelStrategy (sprite's FSDP2Strategy) only
