@@ -17,9 +17,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from sprite import launch, sites, spec, submit_command, yamlsrc
+from sprite import jobscript, plan, sites, spec, yamldoc
 from sprite.errors import UsageError
-from sprite.runtime import batch_digest, config, findings, inject, loaders, world_block
+from sprite.runtime import batch_digest, config, findings, loaders, trainer_wrap, world_block
 from sprite.runtime.batch_math import BatchFacts, batch_lines, repeated_samples
 from sprite.runtime.fit_checks import FitChecks
 from sprite.runtime.fsdp2 import FSDP2Strategy
@@ -91,7 +91,8 @@ def test_world_block_lines():
                                    BatchFacts(4, 24, 1, batches=10, samples=40, repeated=3))
     lines = world_block.render(facts)
     assert lines[:3] == ["sprite: world      2 nodes x 12 ranks per node = 24 ranks (launcher pals)",
-                         "sprite: device     xpu, backend xccl", "sprite: strategy   FSDP2Strategy, precision bf16-mixed"]
+                         "sprite: device     xpu, backend xccl",
+                         "sprite: strategy   FSDP2Strategy, precision bf16-mixed"]
     assert lines[3] == "sprite: batch      4 per rank x 24 ranks x 1 accumulated = 96 samples per optimizer step"
     assert lines[4] == "sprite: epoch      10 batch(es) per rank; the sampler repeats 3 sample(s) to even the ranks"
 
@@ -156,34 +157,34 @@ def test_report_warns_on_rank_zero_only_and_raises_everywhere_under_strict():
 ])
 def test_strategies_sprite_does_not_launch_are_refused(rank0, given, words):
     with pytest.raises(UsageError) as err:
-        inject.launched_trainer_kwargs(cfg(), {"strategy": given})
+        trainer_wrap.launched_trainer_kwargs(cfg(), {"strategy": given})
     assert err.value.exit_code == 2 and all(w in str(err.value) for w in words), str(err.value)
 
 
 def test_instances_are_refused_before_a_launch_conflict_names_them(rank0):
     with pytest.raises(UsageError, match="builds Lightning's FSDPStrategy in a sprite launch of 2 ranks"):
-        inject.launched_trainer_kwargs(cfg(strategy="ddp"), {"strategy": FSDPStrategy()})
+        trainer_wrap.launched_trainer_kwargs(cfg(strategy="ddp"), {"strategy": FSDPStrategy()})
     with pytest.raises(UsageError, match="start method 'spawn'"):
-        inject.launched_trainer_kwargs(cfg(strategy="ddp"), {"strategy": DDPStrategy(start_method="spawn")})
+        trainer_wrap.launched_trainer_kwargs(cfg(strategy="ddp"), {"strategy": DDPStrategy(start_method="spawn")})
 
 
 def test_what_passes(rank0):
-    assert isinstance(inject.launched_trainer_kwargs(cfg(strategy="fsdp"), {"strategy": "fsdp"})["strategy"],
+    assert isinstance(trainer_wrap.launched_trainer_kwargs(cfg(strategy="fsdp"), {"strategy": "fsdp"})["strategy"],
                       FSDP2Strategy)  # "fsdp" under --strategy fsdp is sprite's FSDP2
     kept = FSDPStrategy()
-    assert inject.launched_trainer_kwargs(cfg(checks="off"), {"strategy": kept})["strategy"] is kept
+    assert trainer_wrap.launched_trainer_kwargs(cfg(checks="off"), {"strategy": kept})["strategy"] is kept
     with pytest.raises(UsageError, match="second world"):  # spawning contradicts the launched world: always
-        inject.launched_trainer_kwargs(cfg(checks="off"), {"strategy": "ddp_spawn"})
-    one = inject.launched_trainer_kwargs(cfg(devices="1", world_size="1"), {"strategy": "ddp_spawn"})
+        trainer_wrap.launched_trainer_kwargs(cfg(checks="off"), {"strategy": "ddp_spawn"})
+    one = trainer_wrap.launched_trainer_kwargs(cfg(devices="1", world_size="1"), {"strategy": "ddp_spawn"})
     assert one["strategy"] == "ddp_spawn"
 
 
 def test_the_checks_are_one_callback_added_to_the_scripts_own(rank0):
     mine = Callback()
-    got = inject.launched_trainer_kwargs(cfg(), {"callbacks": mine})["callbacks"]
+    got = trainer_wrap.launched_trainer_kwargs(cfg(), {"callbacks": mine})["callbacks"]
     assert got[0] is mine and [type(c) for c in got[1:]] == [FitChecks]
-    assert [type(c) for c in inject.launched_trainer_kwargs(cfg(checks="strict"), {})["callbacks"]] == [FitChecks]
-    assert "callbacks" not in inject.launched_trainer_kwargs(cfg(checks="off"), {})
+    assert [type(c) for c in trainer_wrap.launched_trainer_kwargs(cfg(checks="strict"), {})["callbacks"]] == [FitChecks]
+    assert "callbacks" not in trainer_wrap.launched_trainer_kwargs(cfg(checks="off"), {})
 
 
 # --- a fit of one process ----------------------------------------------------------------------------------------
@@ -228,10 +229,10 @@ def test_contract_variable_parsing():
 def test_spec_key(tmp_path, clean_env, example_script, text, mode):
     path = tmp_path / "job.yaml"
     path.write_text(f"script: {example_script}\n{text}")
-    layer = spec.from_document(yamlsrc.load(str(path)))
-    plan = launch.plan_run({"site": "local"}, clean_env, spec_file=str(path))
-    assert plan.env["SPRITE_CHECKS"] == mode and layer.get("checks", "on") == mode
-    argv = submit_command.run_argv("python", sites.load("local"), layer, spec.merge(layer))
+    layer = spec.from_document(yamldoc.load(str(path)))
+    launched = plan.plan_run({"site": "local"}, clean_env, spec_file=str(path))
+    assert launched.env["SPRITE_CHECKS"] == mode and layer.get("checks", "on") == mode
+    argv = jobscript.run_argv("python", sites.load("local"), layer, spec.merge(layer))
     assert {"off": ["--no-checks"], "strict": ["--strict"], "on": []}[mode] == [a for a in argv if a in
                                                                                 ("--no-checks", "--strict")]
 
@@ -240,7 +241,7 @@ def test_spec_key_rejects_other_values(tmp_path, example_script):
     path = tmp_path / "job.yaml"
     path.write_text(f"script: {example_script}\nchecks: loud\n")
     with pytest.raises(UsageError, match=r"job.yaml:2: key 'checks'.*Allowed: on, off, strict"):
-        spec.from_document(yamlsrc.load(str(path)))
+        spec.from_document(yamldoc.load(str(path)))
 
 
 @pytest.mark.parametrize("flags, mode", [([], "on"), (["--no-checks"], "off"), (["--strict"], "strict")])

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, TextIO
 
-from sprite.errors import UsageError
+from sprite.errors import UsageError, one_line
 
 WARNING = "sprite: warning: "
 _MAX_VALUE = 40  # characters of a user's value quoted in a message
@@ -23,7 +23,7 @@ class Finding:
     fix: str
 
     def line(self) -> str:
-        return " ".join(part for part in (self.what, self.cause, self.fix) if part).replace("\n", " ")
+        return one_line(" ".join(part for part in (self.what, self.cause, self.fix) if part))
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -40,7 +40,7 @@ def launch_arm(out: pathlib.Path, arm: str, fault: str | None, settings: Setting
     Raises UsageError when the launch cannot be planned (e.g. --nodes > 1 outside an allocation).
     """
     from sprite.execute import run_plan
-    from sprite.launch import plan_run
+    from sprite.plan import plan_run
 
     plan = plan_run(arm_overrides(out, arm, fault, settings, threads))
     log.parent.mkdir(parents=True, exist_ok=True)

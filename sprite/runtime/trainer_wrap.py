@@ -2,7 +2,7 @@
 
 ``PL_TRAINER_*`` environment defaults cannot carry plugins (Lightning 2.6.6 utilities/argparse.py,
 _defaults_from_env_vars), so sprite wraps ``lightning.pytorch.Trainer.__init__`` instead. Every check here runs
-inside that call, before Lightning creates a process group.
+inside that call, before Lightning creates a process group; the fit-start checks go in as a callback (fit_checks).
 """
 
 from __future__ import annotations
@@ -121,8 +121,7 @@ def launched_trainer_kwargs(cfg: RuntimeConfig, kwargs: dict) -> dict:
 
     Raises:
         UsageError: an explicit argument (accelerator, devices, num_nodes, strategy, precision) contradicts the
-            launch, the strategy is one sprite does not launch (strategy_check), or the process's rank variables
-            contradict each other or the launch.
+            launch, the strategy is one sprite does not launch (strategy_check), or the rank variables conflict.
     """
     kwargs = dict(kwargs)
     if "num_nodes" in kwargs and int(kwargs["num_nodes"]) != cfg.num_nodes:
