@@ -60,12 +60,15 @@ def padded_evaluation(stage: str, length: int, world: int, repeated: int) -> Fin
 def nccl_timeout(value: str, device: str) -> Finding:
     """``NCCL_TIMEOUT`` in the environment of a run on ``device`` ("xpu", "cuda", "cpu")."""
     shown = value if len(value) <= _MAX_VALUE else value[:_MAX_VALUE] + "..."
-    what = f"NCCL_TIMEOUT={shown!r} is set, but it is not a process-group timeout: torch.distributed never reads it."
+    # Seed 001; no Python source of torch 2.13 or Lightning 2.6.6 reads it (grep here; the CUDA build's C++ unread).
+    what = (f"NCCL_TIMEOUT={shown!r} is set, but it is not a process-group timeout: the process group takes its"
+            " timeout from the strategy.")
     if device == "xpu":
         # torch 2.13 distributed_c10d.py:1644-1661: _set_pg_timeout handles gloo and nccl only (seed 002, Aurora).
         return Finding(what, "On XPU no process-group timeout is enforced: the xccl timeout is stored, never applied.",
                        "Stop a hung run with sprite run --stall-timeout instead.")
-    return Finding(what, "A hung collective waits for the strategy's timeout (30 minutes by default).",
+    # Lightning 2.6.6 fabric/plugins/collectives/torch_collective.py:14: DDP's and FSDP's default is 30 minutes.
+    return Finding(what, "A hung collective waits for the strategy's timeout, 30 minutes unless the script sets it.",
                    "Pass the strategy's timeout, e.g. DDPStrategy(timeout=timedelta(minutes=10)), or stop a hung"
                    " run with sprite run --stall-timeout.")
 
