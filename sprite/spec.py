@@ -43,6 +43,7 @@ class JobSpec:
     master_port: int | None = None
     resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
@@ -53,6 +54,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
     "exclude": v.string_list, "master_port": v.port, "resume": v.resume, "scheduler": v.mapping,
+    "checks": v.switch(contract.CHECK_MODES),
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
