@@ -44,6 +44,10 @@ def run(
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
+                                         " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
+    no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
+    strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> None:
@@ -54,10 +58,15 @@ def run(
                          "See 'sprite run --help' for the options.")
     if json_out and not dry_run:
         raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
+    if no_checks and strict:
+        raise UsageError("--no-checks and --strict contradict each other.", "--strict turns the checks' warnings"
+                         " into errors; --no-checks turns the checks off.", "Give one of them.")
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+        "resume": resume,
+        "checks": "off" if no_checks else ("strict" if strict else None),
     }
     launch = plan.plan_run(flags, spec_file=spec)
     if dry_run:
@@ -96,12 +105,14 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
     from sprite.parity.bench_cli import app as bench_app
     from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    app.add_typer(ckpt_app, name="ckpt")
     app.add_typer(bench_app, name="bench")
 
 
