@@ -63,10 +63,10 @@ def set_grad_sync(modules, enabled: bool) -> None:
 
 
 class Rows(Dataset):
-    """A pool of seeded random rows: token ids and a 2-class label."""
+    """A pool of random rows (token ids and a 2-class label) drawn from ``seed``."""
 
-    def __init__(self, settings: BenchSettings, vocab: int, rows: int):
-        draw = torch.Generator().manual_seed(settings.seed)
+    def __init__(self, settings: BenchSettings, vocab: int, rows: int, seed: int):
+        draw = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(0, vocab, (rows, settings.seq), generator=draw)
         self.labels = torch.randint(0, 2, (rows,), generator=draw)
 
@@ -78,10 +78,11 @@ class Rows(Dataset):
 
 
 def loader(settings: BenchSettings, plan: list[tuple[str, int]], vocab: int, rank: int) -> DataLoader:
-    """One batch per planned step, of the planned size, rows taken in turn from the pool (offset by rank)."""
+    """One batch per planned step, of the planned size, rows taken in turn from a pool of this rank's own (every
+    rank draws from another seed, so no two ranks train the same rows)."""
     biggest = max(batch for _, batch in plan)
-    rows = Rows(settings, vocab, 2 * biggest)
-    batches, start = [], rank * biggest % len(rows)
+    rows = Rows(settings, vocab, 2 * biggest, settings.seed + rank)
+    batches, start = [], 0
     for _, batch in plan:
         batches.append([(start + i) % len(rows) for i in range(batch)])
         start = (start + batch) % len(rows)

@@ -9,7 +9,7 @@ import importlib.util
 import io
 import pathlib
 
-from sprite.parity import bench_store
+from sprite.writeonce import write_new
 
 PLOT_FILE = "bench.png"
 
@@ -47,10 +47,11 @@ def _figure(report: dict) -> bytes:
 
 
 def write(out: pathlib.Path, report: dict) -> dict:
-    """Writes ``out/bench.png`` once (0600); returns {"file": name} or {"skipped": reason}."""
+    """Writes ``out/bench.png`` once (0600); returns {"file": name} or {"skipped": reason}. Raises
+    IntegrityError if it exists."""
     if importlib.util.find_spec("matplotlib") is None:
         return {"skipped": "matplotlib is not installed (pip install 'sprite-hpc[plot]')"}
     if not any(p["arms"] for p in report["points"]):
         return {"skipped": "no arm produced a result"}
-    bench_store.write_once(out / PLOT_FILE, _figure(report))
+    write_new(out / PLOT_FILE, _figure(report))
     return {"file": PLOT_FILE}

@@ -38,7 +38,7 @@ def _autocast(settings, kind):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the planned steps on this rank and writes its record. Raises ResultError if it exists."""
+    """Runs the planned steps on this rank and writes its record. Raises IntegrityError if it exists."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse(argv, "sprite.parity.bench_raw")
     settings = load_settings(args.out)

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sprite.parity import bench_store
 from sprite.parity.bench_settings import BenchSettings
 from sprite.plan import LaunchPlan
+from sprite.writeonce import write_new
 
 SCRIPTS = {"sprite": "bench_step.py", "lightning": "bench_step.py", "raw": "bench_raw.py"}
 
@@ -90,7 +91,7 @@ def run_all(out: pathlib.Path, settings: BenchSettings, console: Console) -> lis
             progress.update(task, description=label)
             log = bench_store.log_path(out, world, arm, repeat)
             bench_store.make_dir(log.parent)
-            bench_store.write_once(log, b"")  # 0600, and never a log of an earlier run
+            write_new(log, b"")  # 0600, and never a log of an earlier run
             start = time.monotonic()
             code = run_plan(plan_arm(out, settings, world, arm, repeat), log_path=log)
             seconds = time.monotonic() - start

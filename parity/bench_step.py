@@ -80,7 +80,7 @@ class BenchModule(L.LightningModule):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Fits the planned steps on this rank. Raises ResultError if this rank's record already exists."""
+    """Fits the planned steps on this rank. Raises IntegrityError if this rank's record already exists."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse(argv, "sprite.parity.bench_step")
     module = BenchModule(args)

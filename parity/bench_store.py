@@ -1,5 +1,6 @@
 """Benchmark results on disk: a fresh --out folder, one folder per launch, one record per rank; every file is
-created once (never over an existing name, never through a symlink) with mode 0600, folders 0700.
+created once with sprite.writeonce (never over an existing name, never through a symlink), mode 0600; folders
+0700.
 
 Layout: ``bench_settings.json``, ``runs/w<world>/<arm>-r<repeat>/rank<r>.json``, ``logs/``, then ``bench.json``
 and ``bench.png``. No torch here.
@@ -8,34 +9,20 @@ and ``bench.png``. No torch here.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 from sprite.errors import UsageError
 from sprite.parity.bench_settings import SETTINGS_FILE, BenchSettings
 from sprite.parity.store import ResultError, clean
-
-
-def write_once(path: pathlib.Path, data: bytes) -> None:
-    """Creates ``path`` with mode 0600 whatever the umask and writes ``data``.
-
-    Raises ResultError if the name exists (a file or a symlink): results are written once.
-    """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        raise ResultError(f"{path} already exists; refusing to overwrite a benchmark result.",
-                          "The output folder was used by an earlier run.", "Pass a fresh --out folder.") from None
-    with os.fdopen(fd, "wb") as handle:
-        os.fchmod(handle.fileno(), 0o600)
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+from sprite.writeonce import write_new
 
 
 def write_json(path: pathlib.Path, value) -> None:
-    """Writes ``value`` as strict JSON (non-finite numbers become null) with :func:`write_once`."""
-    write_once(path, json.dumps(clean(value), indent=1, sort_keys=True, allow_nan=False).encode())
+    """Writes ``value`` as strict JSON (non-finite numbers become null) into a new file, mode 0600.
+
+    Raises IntegrityError if the name exists (a file or a symlink): results are written once.
+    """
+    write_new(path, json.dumps(clean(value), indent=1, sort_keys=True, allow_nan=False).encode())
 
 
 def make_dir(path: pathlib.Path) -> pathlib.Path:
@@ -56,7 +43,7 @@ def claim(out: pathlib.Path, settings: BenchSettings) -> None:
                          "It holds an earlier benchmark (results are written once).",
                          f"Pass a fresh folder, or compare the old result with `sprite bench compare {out} NEW`.")
     make_dir(out)
-    write_once(out / SETTINGS_FILE, settings.to_json().encode())
+    write_new(out / SETTINGS_FILE, settings.to_json().encode())
 
 
 def load_settings(out: pathlib.Path) -> BenchSettings:
@@ -79,7 +66,7 @@ def log_path(out: pathlib.Path, world: int, arm: str, repeat: int) -> pathlib.Pa
 
 
 def write_rank(target: pathlib.Path, rank: int, record: dict) -> None:
-    """Writes one rank's record. Raises ResultError if it exists."""
+    """Writes one rank's record. Raises IntegrityError if it exists."""
     write_json(make_dir(target) / f"rank{rank}.json", record)
 
 

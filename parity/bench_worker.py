@@ -17,7 +17,7 @@ import torch
 from sprite.parity import bench_model, bench_peaks, bench_store
 from sprite.parity.bench_flops import StepFlops
 from sprite.parity.bench_timer import LoaderClock, StepTimer
-from sprite.parity.store import ResultError
+from sprite.writeonce import exists_error
 
 
 def parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
@@ -30,15 +30,14 @@ def parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
 
 
 class Measure:
-    """One rank's instrument. Raises ResultError at construction if this rank's record already exists."""
+    """One rank's instrument. Raises IntegrityError at construction if this rank's record already exists."""
 
     def __init__(self, args: argparse.Namespace, kind, device: torch.device, rank: int, vocab: int):
         self.settings = bench_store.load_settings(args.out)
         self.args, self.kind, self.device, self.rank = args, kind, device, rank
         self.target = bench_store.arm_dir(args.out, args.world, args.arm, args.repeat)
-        if (self.target / f"rank{rank}.json").exists():
-            raise ResultError(f"{self.target / f'rank{rank}.json'} already exists; refusing to measure into it.",
-                              "The launch folder was used by an earlier run.", "Run into a fresh --out folder.")
+        if (self.target / f"rank{rank}.json").exists():  # checked before training, written after
+            raise exists_error(self.target / f"rank{rank}.json", "a rank's record")
         probe = args.arm == "sprite"  # the launch-bound probe runs in sprite's own arm only
         self.plan = self.settings.step_plan(args.world, probe)
         self.loader = LoaderClock(bench_model.loader(self.settings, self.plan, vocab, rank))
@@ -74,7 +73,7 @@ class Measure:
         self.timer.step_end(index)
 
     def finish(self, extra: dict) -> None:
-        """Writes this rank's record. Raises ResultError if it exists, or if some window was never timed."""
+        """Writes this rank's record. Raises IntegrityError if it exists, RuntimeError if a window never ran."""
         if not self.timer.done:
             raise RuntimeError(f"only {len(self.timer.records)} timed windows ran; the step plan was not followed")
         peak = bench_peaks.table_peak(self.device_name, self.settings.precision, self.compute_units)

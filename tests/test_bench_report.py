@@ -10,7 +10,8 @@ import pytest
 
 from sprite.parity import bench_plot, bench_stats, bench_store, bench_summary
 from sprite.parity.bench_settings import BenchSettings
-from sprite.parity.store import ResultError
+from sprite.errors import UsageError
+from sprite.writeonce import IntegrityError
 
 SETTINGS = BenchSettings(batch=4, seq=8, steps=4, window=2, warmup=1, baselines=("raw",))
 
@@ -90,18 +91,20 @@ def test_summary_puts_the_verdict_first_and_states_the_ratio_against_raw():
 def test_results_are_written_once_with_mode_0600(tmp_path):
     old = os.umask(0)
     try:
-        bench_store.write_once(tmp_path / "a.json", b"{}")
+        bench_store.write_json(tmp_path / "a.json", {"x": float("nan")})
         folder = bench_store.make_dir(tmp_path / "runs" / "w2" / "sprite-r0")
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o600
     assert {stat.S_IMODE(p.stat().st_mode) for p in (folder, folder.parent, folder.parent.parent)} == {0o700}
-    with pytest.raises(ResultError, match="refusing to overwrite"):
-        bench_store.write_once(tmp_path / "a.json", b"new")
+    with pytest.raises(IntegrityError, match="refusing to write a file over it"):
+        bench_store.write_json(tmp_path / "a.json", {})
     (tmp_path / "link").symlink_to(tmp_path / "target")
-    with pytest.raises(ResultError):
-        bench_store.write_once(tmp_path / "link", b"x")
-    assert not (tmp_path / "target").exists() and (tmp_path / "a.json").read_bytes() == b"{}"
+    with pytest.raises(IntegrityError):
+        bench_store.write_json(tmp_path / "link", {})
+    assert not (tmp_path / "target").exists() and (tmp_path / "a.json").read_text() == '{\n "x": null\n}'
+    with pytest.raises(UsageError, match="is already used; refusing to run into it"):
+        bench_store.claim(tmp_path, BenchSettings())
 
 
 def test_plot_is_skipped_with_a_reason_without_matplotlib(tmp_path, monkeypatch):
