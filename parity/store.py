@@ -16,6 +16,7 @@ import pathlib
 
 import numpy as np
 
+from sprite import integrity, owner_only
 from sprite.errors import SpriteError
 
 MANIFEST = "manifest.json"
@@ -38,14 +39,13 @@ def clean(value):
 
 
 def write_new(path: pathlib.Path, data: bytes) -> None:
-    """Writes ``data`` to a file that must not exist yet.
+    """Writes ``data`` to a new 0600 file through ``sprite.integrity`` (never over a file, never via a symlink).
 
-    Raises ResultError if the file exists: an arm never overwrites a result, partial or complete.
+    Raises ResultError if the name exists: an arm never overwrites a result, partial or complete.
     """
     try:
-        with open(path, "xb") as handle:
-            handle.write(data)
-    except FileExistsError:
+        integrity.write_new(path, data)
+    except integrity.IntegrityError:
         _refuse(path)
 
 
@@ -59,7 +59,7 @@ def _refuse(path: pathlib.Path) -> None:
 
 def claim(arm_dir: pathlib.Path, rank: int) -> None:
     """Checks, before any training, that this rank's files do not exist yet. Raises ResultError if they do."""
-    arm_dir.mkdir(parents=True, exist_ok=True)
+    owner_only.make_dirs(arm_dir)
     for name in (f"rank{rank}.json", MANIFEST, TENSORS if rank == 0 else None):
         if name and (arm_dir / name).exists():
             _refuse(arm_dir / name)
