@@ -51,6 +51,8 @@ def run(
     allow_literal_secrets: bool = typer.Option(
         False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
+    strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> None:
@@ -61,11 +63,15 @@ def run(
                          "See 'sprite run --help' for the options.")
     if json_out and not dry_run:
         raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
+    if no_checks and strict:
+        raise UsageError("--no-checks and --strict contradict each other.", "--strict turns the checks' warnings"
+                         " into errors; --no-checks turns the checks off.", "Give one of them.")
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
         "pass_env": _env_names(env), "secrets": list(secret) if secret else None,
+        "checks": "off" if no_checks else ("strict" if strict else None),
     }
     launch = plan.plan_run(flags, spec_file=spec, allow_literal_secrets=allow_literal_secrets)
     if dry_run:

@@ -65,6 +65,7 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec) -> 
         argv += ["--secret" if name in secret else "--env", name]
     if file_layer.get("exclude"):
         argv += ["--exclude", ",".join(file_layer["exclude"])]
+    argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(file_layer.get("checks", "on"), [])
     return argv + [job.script or "", *job.args]
 
 

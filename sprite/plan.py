@@ -96,6 +96,7 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.HOSTS: ",".join(world.hosts),
         contract.JOB_ID: world.alloc.job_id,
         contract.SITE: site.name,
+        contract.CHECKS: spec.checks,
     })
     return env
 

@@ -44,6 +44,7 @@ class JobSpec:
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
     scheduler: dict = field(default_factory=dict)
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
@@ -54,7 +55,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
     "pass_env": v.env_names, "secrets": v.env_names, "exclude": v.string_list, "master_port": v.port,
-    "scheduler": v.mapping,
+    "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
