@@ -51,6 +51,8 @@ def run(
     allow_literal_secrets: bool = typer.Option(
         False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
+                                         " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
     strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
@@ -71,6 +73,7 @@ def run(
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
         "pass_env": _env_names(env), "secrets": list(secret) if secret else None,
+        "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None),
     }
     launch = plan.plan_run(flags, spec_file=spec, allow_literal_secrets=allow_literal_secrets)
@@ -116,11 +119,13 @@ def _env_names(values: Optional[List[str]]) -> Optional[list]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
     from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    app.add_typer(ckpt_app, name="ckpt")
 
 
 _mount_subcommands()

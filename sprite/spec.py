@@ -43,6 +43,7 @@ class JobSpec:
     secrets: tuple[str, ...] = ()  # names of secrets: values from that environment, masked when printed
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
+    resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
     checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
 
@@ -55,7 +56,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
     "pass_env": v.env_names, "secrets": v.env_names, "exclude": v.string_list, "master_port": v.port,
-    "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
+    "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -76,11 +77,13 @@ def check_values(values: dict, complain_for: Callable[[str], Complain]) -> dict:
 def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     """Validated fields of a spec file (or of a profile's ``job:`` block, given ``section``).
 
-    Relative ``script`` paths resolve against the file's folder. Raises SpecError naming file, line and key.
+    Relative ``script`` and ``resume`` paths resolve against the file's folder. Raises SpecError naming file,
+    line and key.
     """
     checked = check_values(doc.mapping(section), doc.complainer(section))
-    if "script" in checked:
-        checked["script"] = str((Path(doc.source).parent / checked["script"]).resolve())
+    for key in ("script", "resume"):
+        if key in checked and (key == "script" or checked[key] not in contract.RESUME_MODES):
+            checked[key] = str((Path(doc.source).parent / checked[key]).resolve())
     return checked
 
 

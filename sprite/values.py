@@ -211,6 +211,12 @@ def env_names(value: Any, complain: Complain) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def resume(value: Any, complain: Complain) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise complain(f"{value!r} is not never, auto or a checkpoint path.", "never, auto, or a checkpoint path")
+    return value.strip()
+
+
 def mapping(value: Any, complain: Complain) -> dict:
     if not isinstance(value, dict):
         raise complain(f"{value!r} is not a mapping.", "a block of key: value lines")
