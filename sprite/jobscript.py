@@ -72,8 +72,12 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec) -> 
 def exports(file_layer: dict, secret) -> list[str]:
     """``export NAME=VALUE`` lines for the spec's variables that are not secrets (values shell-quoted).
 
-    Raises UsageError for a value holding a control character.
+    Raises UsageError for a value holding a control character, or a name bash cannot export (``é``).
     """
+    for name in file_layer.get("env", {}):
+        if not values.ENV_NAME.fullmatch(name):
+            raise UsageError(f"env.{name} cannot be exported by a job script.", "bash accepts ASCII letters, digits "
+                             "and _ in variable names only.", "Rename the variable.")
     return [f"export {name}={quote_words(f'env.{name}', [value])}"
             for name, value in file_layer.get("env", {}).items() if name not in secret]
 

@@ -24,6 +24,7 @@ import yaml
 
 from slurm_cluster import slurm  # noqa: F401  (fixture)
 from sprite import cli, owner_only, secret_env, submit
+from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
 from sprite.plan import plan_run
 
@@ -160,6 +161,8 @@ def test_job_scripts_name_variables_and_hold_no_secret(kind, clean_env, tmp_path
     directive = "#SBATCH --export=ALL,HF_TOKEN,MY_TOKEN" if kind == "slurm" else "#PBS -v HF_TOKEN,MY_TOKEN"
     assert directive in text.splitlines()
     assert prepared.pass_env == ("HF_TOKEN", "MY_TOKEN") and prepared.literals == {"HF_TOKEN": VALUE}
+    with pytest.raises(UsageError, match="env.CAFÉ cannot be exported"):
+        submit.prepare(write_spec(tmp_path, "accent", env={"CAFÉ": "x"}), kind, cwd=str(tmp_path))
 
 
 def _modes(root: Path) -> dict[str, str]:
