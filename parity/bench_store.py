@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+from sprite import owner_only
 from sprite.errors import UsageError
 from sprite.parity.bench_settings import SETTINGS_FILE, BenchSettings
 from sprite.parity.store import ResultError, clean
@@ -26,10 +27,9 @@ def write_json(path: pathlib.Path, value) -> None:
 
 
 def make_dir(path: pathlib.Path) -> pathlib.Path:
-    """Creates ``path`` and each missing parent with mode 0700; ranks of one launch may race here."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    for folder in reversed(missing):
-        folder.mkdir(mode=0o700, exist_ok=True)
+    """Creates ``path`` and each missing parent with mode 0700 (sprite.owner_only; ranks of one launch may race
+    here). Raises IntegrityError when a component exists but is not a folder."""
+    owner_only.make_dirs(path)
     return path
 
 
