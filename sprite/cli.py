@@ -57,6 +57,8 @@ def run(
                                               "launch, to replace a failed node"),
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
+    no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
+    strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> int:
@@ -67,12 +69,16 @@ def run(
                          "See 'sprite run --help' for the options.")
     if json_out and not dry_run:
         raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
+    if no_checks and strict:
+        raise UsageError("--no-checks and --strict contradict each other.", "--strict turns the checks' warnings"
+                         " into errors; --no-checks turns the checks off.", "Give one of them.")
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes, "resume": resume,
+        "checks": "off" if no_checks else ("strict" if strict else None),
     }
     run_state, launch = entry.prepare(flags, spec, run_dir)
     if dry_run:

@@ -92,6 +92,7 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.JOB_ID: world.alloc.job_id,
         contract.SITE: site.name,
         contract.RESUME: spec.resume,
+        contract.CHECKS: spec.checks,
     })
     env.update(ctx.run_env)
     return env

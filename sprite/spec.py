@@ -48,6 +48,7 @@ class JobSpec:
     save_timeout: float | None = None  # the allowance for one checkpoint save
     retries: int = 0  # relaunches after a failure
     spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
@@ -60,6 +61,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "exclude": v.string_list, "master_port": v.port, "resume": v.resume, "scheduler": v.mapping,
     "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
+    "checks": v.switch(contract.CHECK_MODES),
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
