@@ -56,10 +56,10 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None) -> Prepared:
                          f"Use sprite {site_scheduler.submit_program} {spec_name}, or set site: to a {kind.upper()} "
                          "site.")
     block = scheduler_block.resolve(kind, doc, site, job, cwd)
-    argv = jobscript.run_argv(block.python or sys.executable, site, spec.from_document(doc), job)
+    argv = jobscript.run_argv(block.python or sys.executable, site, spec.from_document(doc), job, block)
     devices = jobscript.ranks_per_node(job, site)
-    text = jobscript.render(block, argv, devices, str(Path(spec_file).resolve()), cwd)
     script = os.path.join(block.output_dir, block.job_name + scheduler.script_suffix)
+    text = jobscript.render(block, argv, devices, str(Path(spec_file).resolve()), cwd, script)
     return Prepared(kind, text, script, scheduler.log_path(block))
 
 

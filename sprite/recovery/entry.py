@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
 from typing import Mapping
 
-from sprite import allocation, audit, execute, rundir, schedulers
+from sprite import allocation, audit, contract, execute, rundir, schedulers
 from sprite import plan as planning
 from sprite.plan import LaunchPlan
-from sprite.recovery import summary
+from sprite.recovery import requeue, summary
 from sprite.recovery.loop import run_attempts
 from sprite.recovery.session import Run, limits_of, said_never
 
@@ -22,7 +23,7 @@ def prepare(flags: dict, spec_file: str | None, run_dir: str | None,
     job, _ = planning.assemble(flags, spec_file, environ)
     job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
     run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
-              said_never(flags, spec_file))
+              said_never(flags, spec_file), requeue=job.requeue)
     return run, run.plan(1, flags)
 
 
@@ -34,7 +35,8 @@ def _launch_record(run: Run, plan: LaunchPlan) -> None:
                scheduler=world.alloc.scheduler, job_id=world.alloc.job_id, allocation=list(world.alloc.hosts),
                hosts=list(world.hosts), nodes=world.nodes, world_size=world.size, launcher=world.flavour,
                retries=run.retries, stall_timeout=limits.stall if limits else None,
-               first_step_timeout=limits.first_step if limits else None, save_timeout=limits.save if limits else None)
+               first_step_timeout=limits.first_step if limits else None, save_timeout=limits.save if limits else None,
+               preempt_signal=plan.env.get(contract.PREEMPT_SIGNAL, ""), requeue=run.requeue)
     restarts = schedulers.detect(run.environ).restart_count(run.environ)
     if restarts:
         run.record("requeue", job_id=world.alloc.job_id, restart_count=restarts)
@@ -52,6 +54,11 @@ def run_all(run: Run, plan: LaunchPlan) -> int:
     rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
     code = run_attempts(run, plan)
     last = run.attempts[-1]
+    if requeue.wanted(run.requeue, last):
+        # Slurm ends this batch script (SIGTERM, SIGKILL after KillWait) as soon as it requeued the job: the
+        # answer and the completion record are written first.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        requeue.request(run, run.environ)
     status = summary.status_of(last["cause"])
     totals = {key: round(sum(a[key] for a in run.attempts), 6) for key in ("seconds", "node_hours", "device_hours")}
     done = run.record("completion", status=status, exit_code=code, attempts=len(run.attempts), **totals)

@@ -26,6 +26,7 @@ class Run:
     limits: Limits | None
     script: str = ""
     keep_never: bool = False  # the user chose --resume never: relaunches start from scratch too
+    requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
     attempts: list = field(default_factory=list)
 
     @property

@@ -29,13 +29,19 @@ def run(argv: list[str]) -> None:
     if not os.path.isfile(script):
         raise UsageError(f"Script {script!r} does not exist.", "A relative path is read from the rank's working"
                          " directory.", f"Check the path (cwd: {os.getcwd()}).")
-    from sprite.runtime import ckpt_seal, config, pytorch_lightning_guard, registry, resume, rng_state, trainer_wrap
+    from sprite.runtime import preempt_signal
+
+    preempting = preempt_signal.install(os.environ)  # first: the signal may come during the imports below
+    from sprite.runtime import ckpt_seal, config, preempt, pytorch_lightning_guard, registry, resume, rng_state
+    from sprite.runtime import trainer_wrap
 
     cfg = config.from_env(os.environ)
     registry.register()
     ckpt_seal.install()
     rng_state.install()
     resume.install(resume.mode(os.environ))
+    if preempting:
+        preempt.install()
     if cfg is not None:
         _start_heartbeat(cfg)
         trainer_wrap.install(cfg)
@@ -52,7 +58,10 @@ def run(argv: list[str]) -> None:
         sys.path.insert(0, folder)
     else:
         sys.path[0] = folder
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except preempt.Preempted as stopped:
+        raise SystemExit(preempt.exit_preempted(stopped)) from None
     if cfg is not None:
         from sprite.runtime import finish, progress
 
