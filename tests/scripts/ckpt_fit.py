@@ -2,7 +2,7 @@
 a buffer its own ``on_train_batch_end`` counts batches in.
 
 Nothing here knows about sprite's manifests or resume: sprite's runtime seals the checkpoints and passes
-``--resume`` to ``Trainer.fit``. Each rank appends ``{"step", "loss"}`` per step to OUT/losses-<tag>-rank<N>.jsonl;
+``--resume`` to ``Trainer.fit``. Each rank appends ``{"step", "loss", "t"}`` per step to OUT/losses-<tag>-rank<N>.jsonl;
 rank 0 saves the final trainable weights to OUT/final-<tag>.pt. ``--crash-at-save K`` makes rank 0 write half of
 its K-th checkpoint file (counted in this process) and SIGKILL itself: a save cut short in the middle.
 ``--hold-at-step K --hold-dir DIR`` makes every rank, at the start of global step K, write DIR/held-rank<N> and
@@ -38,7 +38,8 @@ class Net(L.LightningModule):
         self.log("progress", float(self.global_step))
         path = os.path.join(self.out, f"losses-{self.tag}-rank{self.global_rank}.jsonl")
         with open(path, "a") as sink:
-            sink.write(json.dumps({"step": self.global_step, "loss": float(loss.detach()).hex()}) + "\n")
+            sink.write(json.dumps({"step": self.global_step, "loss": float(loss.detach()).hex(),
+                                   "t": time.perf_counter()}) + "\n")
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
