@@ -45,8 +45,9 @@ def folder(run_dir: str | os.PathLike, attempt: int) -> Path:
 
 
 def folder_from_env(env) -> Path | None:
-    """This rank's heartbeat folder from the launch contract, or None when the launch asked for none."""
-    run_dir, attempt = env.get(contract.RUN_DIR, ""), env.get(contract.ATTEMPT, "1")
+    """This rank's heartbeat folder from the launch contract (``SPRITE_RUN_DIR`` and ``SPRITE_ATTEMPT``, both set
+    by ``sprite run``), or None when the launch asked for none."""
+    run_dir, attempt = env.get(contract.RUN_DIR, ""), env.get(contract.ATTEMPT, "")
     if not run_dir or not attempt.isdigit():
         return None
     return folder(run_dir, int(attempt))

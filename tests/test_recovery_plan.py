@@ -55,6 +55,11 @@ def test_spare_nodes_stay_out_of_the_first_launch_and_replace_a_failed_host(scri
         prepare(script, tmp_path, SLURM, spare_nodes="2", nodes="2")
 
 
+def test_sprites_own_run_variables_cannot_be_set_by_hand(script, tmp_path):
+    with pytest.raises(UsageError, match="SPRITE_RUN_DIR cannot be set with --env"):
+        prepare(script, tmp_path, env={contract.RUN_DIR: str(tmp_path)})
+
+
 def test_relaunches_resume_unless_the_user_said_never(script, tmp_path):
     run, plan = prepare(script, tmp_path)
     assert plan.env[contract.RESUME] == "never" and not run.keep_never  # the default: as the script would start

@@ -115,37 +115,44 @@ def test_a_rank_zero_guarded_fsdp2_save_is_named_in_the_stall_line(sprite_cmd, c
 def test_a_killed_rank_is_relaunched_and_the_audit_verifies(sprite_cmd, clean_env, tmp_path):
     run_dir = tmp_path / "run"
     sprite = Sprite(sprite_cmd, clean_env, tmp_path, "--devices", "2", "--retries", "1", "--run-dir", str(run_dir),
-                    SCRIPT, "--kill-rank", "1", "--kill-step", "3", "--marker", str(tmp_path / "killed"))
+                    SCRIPT, "--kill-rank", "1", "--kill-step", "5", "--marker", str(tmp_path / "killed"),
+                    "--checkpoint-dir", str(tmp_path / "ckpts"))
     code = sprite.wait(timeout=400)
     assert code == 0, sprite.output[-3000:]
-    assert "rank 1 kills itself at step 3" in sprite.output and "[rank 1] rank 1 finished at step 8" in sprite.output
+    assert "rank 1 kills itself at step 5" in sprite.output and "[rank 1] rank 1 finished at step 8" in sprite.output
     assert re.search(r"sprite: attempt 1 ended with exit code 137 \(node fault: rank 1 on \S+ was killed by SIGKILL"
                      r".*; relaunching on the same hosts .*as attempt 2 of 2, starting from the last valid checkpoint\.",
                      sprite.output)
     records = _records(run_dir)
     starts = [r for r in records if r["kind"] == "attempt_start"]
     ends = [r for r in records if r["kind"] == "attempt_end"]
-    assert [s["resume"] for s in starts] == ["", "auto"]
+    assert [s["resume"] for s in starts] == ["never", "auto"]
     assert [(e["exit_code"], e["cause"]) for e in ends] == [(137, "node fault"), (0, "success")]
     assert all(e["device_hours"] > 0 and e["world_size"] == 2 for e in ends)
     assert records[-1]["kind"] == "completion" and records[-1]["status"] == "succeeded"
     assert records[-1]["device_hours"] == pytest.approx(sum(e["device_hours"] for e in ends), abs=1e-5)
     assert sprite.left_running() == []
-    # Resuming from the checkpoint is the integrity work's; until it is merged only the relaunch is asserted.
+    resumed = [r for r in records if r["kind"] == "resume"]  # written by rank 0 of attempt 2 (sprite.runtime.resume)
+    assert len(resumed) == 1 and resumed[0]["step"] == 4 and resumed[0]["seq"] > starts[1]["seq"]
+    beats = json.loads((run_dir / "heartbeat" / "attempt-2" / "rank1.json").read_text())
+    assert (beats["first_step"], beats["step"], beats["phase"]) == (4, 8, "done")  # it went on from step 4
 
     verify = subprocess.run([*sprite_cmd, "runs", "verify", str(run_dir)], env=clean_env, capture_output=True,
                             text=True, timeout=60)
     assert verify.returncode == 0 and verify.stdout.startswith(f"intact: {len(records)} records"), verify.stderr
     listed = json.loads(subprocess.run([*sprite_cmd, "runs", str(tmp_path), "--json"], env=clean_env,
                                        capture_output=True, text=True, timeout=60, check=True).stdout)
-    assert [(r["status"], r["attempts"]) for r in listed] == [("succeeded", 2)]
+    assert [(r["status"], r["attempts"], r["resumes"]) for r in listed] == [("succeeded", 2, 1)]
+    summary = json.loads((run_dir / "run.json").read_text())
+    assert summary["status"] == "succeeded" and summary["audit_tail"] == records[-1]["self_sha256"]
     lines = (run_dir / "audit.jsonl").read_text().splitlines(keepends=True)
-    assert '"exit_code":137' in lines[2]
-    lines[2] = lines[2].replace('"exit_code":137', '"exit_code":0')
+    first_end = next(i for i, r in enumerate(records) if r["kind"] == "attempt_end")
+    assert '"exit_code":137' in lines[first_end]
+    lines[first_end] = lines[first_end].replace('"exit_code":137', '"exit_code":0')
     edited = tmp_path / "edited"
     edited.mkdir()
     (edited / "audit.jsonl").write_text("".join(lines))
     verify = subprocess.run([*sprite_cmd, "runs", "verify", str(edited)], env=clean_env, capture_output=True,
                             text=True, timeout=60)
-    assert verify.returncode == 1 and "line 3" in verify.stderr, verify.stderr
+    assert verify.returncode == 1 and f"line {first_end + 1}:" in verify.stderr, verify.stderr
 

@@ -102,3 +102,4 @@ def test_heartbeat_files_round_trip_and_skip_damaged_ones(tmp_path):
     assert heartbeat.folder_from_env({"SPRITE_RUN_DIR": "/r", "SPRITE_ATTEMPT": "2"}) == \
         heartbeat.folder("/r", 2) and str(heartbeat.folder("/r", 2)) == "/r/heartbeat/attempt-2"
     assert heartbeat.folder_from_env({}) is None
+    assert heartbeat.folder_from_env({"SPRITE_RUN_DIR": "/r"}) is None  # a run folder without sprite run's attempt

@@ -10,6 +10,7 @@ import time
 from typing import Mapping
 
 from sprite import allocation, audit, contract, execute, rundir, schedulers
+from sprite.errors import UsageError
 from sprite import plan as planning
 from sprite.plan import LaunchPlan
 from sprite.recovery import requeue, summary
@@ -19,8 +20,13 @@ from sprite.recovery.session import Run, limits_of, said_never
 
 def prepare(flags: dict, spec_file: str | None, run_dir: str | None,
             environ: Mapping[str, str] = os.environ) -> tuple[Run, LaunchPlan]:
-    """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError."""
+    """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError (also for
+    an ``env`` that sets sprite's own run variables)."""
     job, _ = planning.assemble(flags, spec_file, environ)
+    taken = sorted(set(job.env) & {contract.RUN_DIR, contract.ATTEMPT, contract.HEARTBEAT_SECONDS})
+    if taken:
+        raise UsageError(f"{', '.join(taken)} cannot be set with --env or env:.", "sprite run sets it for every run.",
+                         "Use --run-dir DIR to choose the run folder.")
     job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
     run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
               said_never(flags, spec_file), requeue=job.requeue)

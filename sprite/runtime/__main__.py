@@ -60,13 +60,23 @@ def run(argv: list[str]) -> None:
         sys.path[0] = folder
     try:
         runpy.run_path(script, run_name="__main__")
-    except preempt.Preempted as stopped:
+    except preempt.Preempted as stopped:  # a SystemExit: caught first
         raise SystemExit(preempt.exit_preempted(stopped)) from None
+    except SystemExit as exit:
+        if exit.code not in (None, 0) or cfg is None:
+            raise
+        _finish()  # a script that ends with sys.exit(0) has finished too
+        raise
     if cfg is not None:
-        from sprite.runtime import finish, progress
+        _finish()
 
-        progress.finish()
-        finish.finish()
+
+def _finish() -> None:
+    """The script returned: say so to the watchdog, then end every rank together (finish.py)."""
+    from sprite.runtime import finish, progress
+
+    progress.finish()
+    finish.finish()
 
 
 def _start_heartbeat(cfg) -> None:

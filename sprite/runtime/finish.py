@@ -1,11 +1,14 @@
-"""End every rank of a launched fit together: wait for all ranks at the end of the script, tear the process group
-down while every peer is still alive, and let rank 0, which hosts the rendezvous store, exit last.
+"""End every rank of a launched fit together: wait for all ranks at the end of the script, destroy the process
+group while every peer is still alive, and let rank 0, which hosts the rendezvous store, exit last.
 
-Without this, each rank tears its process group down at interpreter exit in whatever order the ranks end; a rank
-still doing so after rank 0 has exited (taking the store with it) may abort with "terminate called without an
-active exception" (seen here: 2-rank CPU fits with validation under the local launcher, torch 2.13, issue 16).
-torchrun avoids it because its agent, not rank 0, hosts the store and outlives the ranks. The waits go through the
-store, not a collective, so they never pair with a collective some rank is still stuck in.
+A gloo rank that exits with its process group alive can abort at interpreter exit with "terminate called without
+an active exception" (its worker threads are destroyed unjoined while module globals are cleared): pytorch#65231,
+fixed in torch's own tests by an explicit destroy_process_group (pytorch#65513); reproduced here with plain torch
+2.13, 5 gloo ranks doing one all_gather and exiting (benchmarks/finish_stress.py). Lightning never destroys the
+group, so sprite does it once the script has returned. The waits go through the store, not a collective, so they
+never pair with a collective a peer is still stuck in (a save reached by rank 0 alone): the finished ranks wait,
+and the stall watchdog names the phase of the one that is stuck. Rank 0 leaves last because the store lives in
+its process: a rank still polling it must not find it gone.
 """
 
 from __future__ import annotations

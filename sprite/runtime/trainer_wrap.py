@@ -159,8 +159,8 @@ def install(cfg: RuntimeConfig) -> None:
         reporters = progress.callbacks()
         if reporters:  # the stall watchdog's heartbeat (progress.py)
             given = kwargs.get("callbacks")
-            kwargs["callbacks"] = [*([] if given is None else given if isinstance(given, list) else [given]),
-                                   *reporters]
+            kwargs["callbacks"] = [*([] if given is None else given if isinstance(given, (list, tuple)) else
+                                     [given]), *reporters]
         original(self, *args, **kwargs)
 
     __init__._sprite_launch = cfg

@@ -4,6 +4,7 @@
     --kill-rank R --kill-step S     rank R kills itself with SIGKILL at step S, once per --marker file
     --raise-rank R --raise-step S   rank R raises ValueError at step S
     --guarded-save PATH             after fit, only rank 0 calls trainer.save_checkpoint(PATH)
+    --checkpoint-dir DIR            a ModelCheckpoint in DIR every 2 steps, every one kept
     --strategy NAME                 the Trainer's strategy (default: the launch's)
 """
 
@@ -13,6 +14,7 @@ import signal
 import time
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -66,11 +68,15 @@ def main():
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--guarded-save")
     p.add_argument("--strategy")
+    p.add_argument("--checkpoint-dir")
     a = p.parse_args()
     L.seed_everything(0, verbose=False)
     kwargs = {"strategy": a.strategy} if a.strategy else {}
-    trainer = L.Trainer(max_steps=a.max_steps, val_check_interval=4, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, **kwargs)
+    if a.checkpoint_dir:
+        kwargs["callbacks"] = [ModelCheckpoint(dirpath=a.checkpoint_dir, every_n_train_steps=2, save_top_k=-1)]
+    trainer = L.Trainer(max_steps=a.max_steps, val_check_interval=4, logger=False,
+                        enable_checkpointing=bool(a.checkpoint_dir), enable_progress_bar=False,
+                        enable_model_summary=False, **kwargs)
     trainer.fit(Model(a), loader(64), loader(16))
     if a.guarded_save and trainer.is_global_zero:
         trainer.save_checkpoint(a.guarded_save)
