@@ -24,6 +24,7 @@ Examples:
   sprite run --devices 2 examples/train.py --max-steps 20     # 2 ranks on this machine
   sprite run --nodes 2 --strategy fsdp --site aurora train.py # inside a PBS job on Aurora
   sprite run --dry-run --json --devices 2 train.py            # print the plan, run nothing
+  sprite run --secret WANDB_API_KEY --devices 2 train.py      # a secret from this shell, never in argv
 """
 
 
@@ -42,7 +43,13 @@ def run(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="auto|mpiexec|srun|torchrun|local"),
     mpi: Optional[str] = typer.Option(None, "--mpi", help="mpiexec flavour: auto|pals|hydra|openmpi"),
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
-    env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
+    env: Optional[List[str]] = typer.Option(
+        None, "--env", help="NAME: pass this shell's NAME to every rank; NAME=VALUE: set it (repeatable). A value "
+        "on the command line can be read by every user of this machine (process table, shell history): prefer NAME"),
+    secret: Optional[List[str]] = typer.Option(
+        None, "--secret", help="NAME: a secret from this shell's environment, printed masked (repeatable)"),
+    allow_literal_secrets: bool = typer.Option(
+        False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="new folder for this run's audit, heartbeats and "
                                           "logs; default: a new one under ./sprite-runs/"),
@@ -80,12 +87,13 @@ def run(
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+        "pass_env": _env_names(env), "secrets": list(secret) if secret else None,
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes, "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None),
         "preempt_signal": preempt_signal, "requeue": True if requeue else None,
     }
-    run_state, launch = entry.prepare(flags, spec, run_dir)
+    run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return 0
@@ -109,15 +117,21 @@ def _commas(values: Optional[List[str]]) -> Optional[list]:
 
 
 def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
-    if not values:
-        return None
+    """The ``--env NAME=VALUE`` options as a mapping (``--env NAME`` ones are ``_env_names``)."""
     pairs = {}
-    for value in values:
+    for value in values or ():
         name, sep, val = value.partition("=")
-        if not sep or not name:
-            raise UsageError(f"Option --env {value!r} is not NAME=VALUE.", "", "Write it as --env NAME=VALUE.")
-        pairs[name] = val
-    return pairs
+        if sep and not name:
+            raise UsageError("An --env option has a value but no NAME.", "",
+                             "Write it as --env NAME or --env NAME=VALUE.")
+        if sep:
+            pairs[name] = val
+    return pairs or None
+
+
+def _env_names(values: Optional[List[str]]) -> Optional[list]:
+    names = [value for value in values or () if "=" not in value]
+    return names or None
 
 
 def _mount_subcommands() -> None:

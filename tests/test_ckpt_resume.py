@@ -3,7 +3,7 @@
 The fits are shared: DDP runs an uninterrupted fit, a fit whose rank 0 is SIGKILLed halfway through writing its
 4th checkpoint, a `--resume auto` of it under mpiexec, a resume after a byte of the newest checkpoint was flipped,
 and a resume where every checkpoint is corrupt; FSDP2 runs a sharded fit and a resume of it that saves full-state
-files. The script (tests/scripts/ckpt_fit.py) uses dropout and shuffled data and knows nothing about sprite.
+files, with each rank's RandomSampler drawing its permutation from the global generator. The script (tests/scripts/ckpt_fit.py) uses dropout and shuffled data and knows nothing about sprite.
 """
 
 from __future__ import annotations
@@ -139,16 +139,17 @@ def test_every_checkpoint_corrupt_ends_with_exit_1_naming_each(ddp):
 def fsdp(sprite_cmd, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     runs = {"root": root, "ck": root / "ck"}
-    runs["a"] = fit(sprite_cmd, root, "a", ["--strategy", "fsdp"], runs["ck"], "--max-steps", "9", "--save-last")
+    runs["a"] = fit(sprite_cmd, root, "a", ["--strategy", "fsdp"], runs["ck"], "--max-steps", "9", "--save-last",
+                    "--random-sampler")
     runs["a_dir"] = sorted(os.listdir(runs["ck"]))
     runs["b"] = fit(sprite_cmd, root, "b", ["--strategy", "fsdp", "--resume", str(runs["ck"] / "epoch=0-step=6.ckpt")],
-                    root / "b_ck", "--max-steps", "9", "--full-state", "--every", "1", "--top-k", "1")
+                    root / "b_ck", "--max-steps", "9", "--full-state", "--every", "1", "--top-k", "1", "--random-sampler")
     return runs
 
 
 def test_fsdp_sharded_saves_are_sealed_folders_listing_every_ranks_shards(fsdp):
     assert fsdp["a"].returncode == 0, fsdp["a"].stderr[-3000:]
-    assert fsdp["a_dir"] == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt", "epoch=1-step=9.ckpt", "last.ckpt"]
+    assert fsdp["a_dir"] == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt", "epoch=0-step=9.ckpt", "last.ckpt"]
     for name in fsdp["a_dir"]:
         verdict = integrity.verify(fsdp["ck"] / name)
         assert verdict.valid, verdict.reason
@@ -160,8 +161,8 @@ def test_fsdp_sharded_saves_are_sealed_folders_listing_every_ranks_shards(fsdp):
 
 def test_fsdp_resumes_a_sharded_checkpoint_and_removes_replaced_manifests(fsdp):
     assert fsdp["b"].returncode == 0, fsdp["b"].stderr[-3000:]
-    assert sorted(os.listdir(fsdp["root"] / "b_ck")) == ["epoch=1-step=9.ckpt", "epoch=1-step=9.ckpt.sprite-manifest.json"]
-    verdict = integrity.verify(fsdp["root"] / "b_ck" / "epoch=1-step=9.ckpt")
+    assert sorted(os.listdir(fsdp["root"] / "b_ck")) == ["epoch=0-step=9.ckpt", "epoch=0-step=9.ckpt.sprite-manifest.json"]
+    verdict = integrity.verify(fsdp["root"] / "b_ck" / "epoch=0-step=9.ckpt")
     assert verdict.valid and verdict.manifest["meta"]["format"] == "file"
     for rank in (0, 1):
         resumed, first = losses(fsdp["root"], "b", rank), losses(fsdp["root"], "a", rank)

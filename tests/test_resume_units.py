@@ -78,3 +78,28 @@ def test_an_invalid_resume_path_ends_every_rank_with_exit_1(tmp_path):
     with pytest.raises(integrity.IntegrityError, match="not valid: .*does not match its SHA-256") as err:
         resume.resolve(trainer, str(path))
     assert err.value.exit_code == 1
+
+
+def _augmenting_loader():
+    """Batches whose content draws from the global torch generator, as random augmentation does."""
+    while True:
+        yield torch.rand(2)
+
+
+def test_a_prefetched_batch_is_drawn_again_from_its_own_state():
+    """Fetch 1 is trained, fetch 2 was prefetched before the save: the resume skips 1, re-draws 2 from the
+    state before it, then continues from the state at the save (dropout draws interleave with fetches)."""
+    torch.manual_seed(0)
+    start = rng_state.capture("cpu")
+    original = rng_state._Counted(_augmenting_loader(), "cpu", None)
+    first, prefetched = next(original), next(original)
+    torch.rand(3)  # step 1's dropout, after the prefetch
+    saved = {"trained": 1, "before": [s for n, s in original.before if n > 1], "now": rng_state.capture("cpu")}
+    later = [(next(original), torch.rand(3)) for _ in range(2)]
+    rng_state.restore(start, "cpu")
+    torch.rand(5)  # draws before the skip change only the dropped batch 1 here (no sampler)
+    resumed = rng_state._Counted(_augmenting_loader(), "cpu", saved)
+    assert torch.equal(next(resumed), prefetched)
+    again = [(next(resumed), torch.rand(3)) for _ in range(2)]
+    assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(later, again))
+    assert not torch.equal(first, prefetched)

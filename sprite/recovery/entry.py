@@ -18,18 +18,18 @@ from sprite.recovery.loop import run_attempts
 from sprite.recovery.session import Run, limits_of, said_never
 
 
-def prepare(flags: dict, spec_file: str | None, run_dir: str | None,
-            environ: Mapping[str, str] = os.environ) -> tuple[Run, LaunchPlan]:
+def prepare(flags: dict, spec_file: str | None, run_dir: str | None, environ: Mapping[str, str] = os.environ,
+            allow_literal_secrets: bool = False) -> tuple[Run, LaunchPlan]:
     """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError (also for
-    an ``env`` that sets sprite's own run variables)."""
-    job, _ = planning.assemble(flags, spec_file, environ)
+    an ``env`` that sets sprite's own run variables, or a literal secret unless ``allow_literal_secrets``)."""
+    job, _ = planning.assemble(flags, spec_file, environ, allow_literal_secrets)
     taken = sorted(set(job.env) & {contract.RUN_DIR, contract.ATTEMPT, contract.HEARTBEAT_SECONDS})
     if taken:
         raise UsageError(f"{', '.join(taken)} cannot be set with --env or env:.", "sprite run sets it for every run.",
                          "Use --run-dir DIR to choose the run folder.")
     job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
     run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
-              said_never(flags, spec_file), requeue=job.requeue)
+              said_never(flags, spec_file), requeue=job.requeue, allow_literal_secrets=allow_literal_secrets)
     return run, run.plan(1, flags)
 
 

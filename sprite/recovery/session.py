@@ -27,6 +27,7 @@ class Run:
     script: str = ""
     keep_never: bool = False  # the user chose --resume never: relaunches start from scratch too
     requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
+    allow_literal_secrets: bool = False  # --allow-literal-secrets: every attempt plans with it
     attempts: list = field(default_factory=list)
 
     @property
@@ -43,14 +44,15 @@ class Run:
 
     def plan(self, attempt: int, flags: dict, resume: str | None = None) -> LaunchPlan:
         """Raises UsageError / SpecError as ``plan.plan_run`` does."""
-        return planning.plan_run(flags, self.environ, self.spec_file, self.run_env(attempt, resume))
+        return planning.plan_run(flags, self.environ, self.spec_file, self.run_env(attempt, resume),
+                                 self.allow_literal_secrets)
 
     def next_plan(self, plan: LaunchPlan, flags: dict, number: int, exclude: tuple) -> tuple[LaunchPlan, dict, str]:
         """The plan of attempt ``number`` with ``SPRITE_RESUME=auto`` (``never`` when the user chose it), without
         the hosts in ``exclude`` when the allocation has room for the same world; also its flags and where it runs."""
         resume = "never" if self.keep_never else "auto"
         if exclude:
-            job, _ = planning.assemble(flags, self.spec_file, self.environ)
+            job, _ = planning.assemble(flags, self.spec_file, self.environ, self.allow_literal_secrets)
             narrowed = {**flags, "exclude": [*job.exclude, *exclude], "nodes": str(plan.world.nodes),
                         "spare_nodes": 0}
             try:

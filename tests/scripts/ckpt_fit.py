@@ -89,6 +89,9 @@ def main() -> None:
     parser.add_argument("--full-state", action="store_true", help="FSDP2: one full-state file, not a DCP folder")
     parser.add_argument("--hold-at-step", type=int, default=-1)
     parser.add_argument("--hold-dir", default="")
+    parser.add_argument("--random-sampler", action="store_true",
+                        help="keep the DataLoader's RandomSampler on every rank (its permutation comes from the"
+                             " global torch generator) instead of Lightning's DistributedSampler")
     args = parser.parse_args()
 
     L.seed_everything(0, verbose=False)
@@ -104,7 +107,8 @@ def main() -> None:
 
         extra["strategy"] = FSDP2Strategy(save_distributed_checkpoint=False)
     trainer = L.Trainer(max_steps=args.max_steps, callbacks=[checkpoints], logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, **extra)
+                        enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=not args.random_sampler, **extra)
     if args.crash_at_save and trainer.global_rank == 0:
         crash_at_save(trainer, args.crash_at_save)
     trainer.fit(model, DataLoader(data, batch_size=4, shuffle=True))
