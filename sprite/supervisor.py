@@ -124,7 +124,7 @@ def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
         if EXIT_PREEMPTED in codes:
             preempted_at = preempted_at or time.monotonic()
             if time.monotonic() - preempted_at > PREEMPT_WAIT:
-                print(f"sprite: ranks still ran {PREEMPT_WAIT:.0f} s after one stopped for preemption.", file=sys.stderr)
+                print(f"sprite: ranks ran on {PREEMPT_WAIT:.0f} s after one stopped for preemption.", file=sys.stderr)
                 stop_all(procs)
                 return EXIT_PREEMPTED
         time.sleep(0.1)

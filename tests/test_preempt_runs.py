@@ -49,7 +49,7 @@ def _env(base=None) -> dict:
 
 def fit_args(root: Path, tag: str, ckpt: Path, hold: int = -1) -> list[str]:
     return [SCRIPT, "--out", str(root), "--tag", tag, "--ckpt-dir", str(ckpt), "--hold-at-step", str(hold),
-            "--hold-dir", str(root / f"hold-{tag}")]
+            "--hold-dir", str(root / f"hold-{tag}"), "--count-batches"]
 
 
 def wait_held(folder: Path, watched, timeout: float = 300) -> None:

@@ -2,10 +2,11 @@
 
 A dying rank takes the others down with it, so a log holds one first failure and many echoes (peers losing their
 connection, launchers killing the rest). The rules look for the first failure's kind of evidence in order:
-exit code 75 (the ranks stopped for preemption, sprite/runtime/preempt.py), sprite's own lines (a forwarded signal, a stall, a refused launch), then memory exhaustion, then the scheduler or
-device saying a node failed, then a Python exception that is not a lost connection (the script's own fault), then
-a rank killed by SIGKILL or SIGBUS with no such exception (a node fault: the host or the kernel killed it), then
-an abort or a segmentation fault (the application), then lost connections alone (a peer or its node vanished).
+exit code 75 (the ranks stopped for preemption, sprite/runtime/preempt.py), sprite's own lines (a forwarded
+signal, a stall, a refused launch), then memory exhaustion, then the scheduler or device saying a node failed,
+then a Python exception that is not a lost connection (the script's own fault), then a rank killed by SIGKILL or
+SIGBUS with no such exception (a node fault: the host or the kernel killed it), then an abort or a segmentation
+fault (the application), then lost connections alone (a peer or its node vanished).
 """
 
 from __future__ import annotations

@@ -48,6 +48,9 @@ class PreemptCallback(Callback):
     def __init__(self) -> None:
         self.checked_step = -1
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.checked_step = trainer.global_step  # the first check comes with the first optimizer step
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.checked_step:
             return  # no optimizer step since the last check (gradient accumulation): not a step boundary
@@ -58,7 +61,8 @@ class PreemptCallback(Callback):
 
         signalled = collective.gather(bool(preempt_signal.received))
         call._call_lightning_module_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
-        path = Path(checkpoint_folder(trainer)) / f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"
+        name = f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"
+        path = Path(checkpoint_folder(trainer)) / name
         trainer.save_checkpoint(path)
         if trainer.is_global_zero:
             ranks = [rank for rank, got in enumerate(signalled) if got]

@@ -1,5 +1,6 @@
 """A plain Lightning script for sprite's checkpoint tests: dropout, shuffled data, ModelCheckpoint every N steps,
-a buffer its own ``on_train_batch_end`` counts batches in.
+and with ``--count-batches`` a buffer its own ``on_train_batch_end`` counts batches in (Lightning runs that hook
+after every callback, so a ModelCheckpoint save of a step does not hold that step's count).
 
 Nothing here knows about sprite's manifests or resume: sprite's runtime seals the checkpoints and passes
 ``--resume`` to ``Trainer.fit``. Each rank appends ``{"step", "loss", "t"}`` per step to OUT/losses-<tag>-rank<N>.jsonl;
@@ -24,11 +25,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Net(L.LightningModule):
-    def __init__(self, out: str, tag: str, hold: tuple = (-1, "")):
+    def __init__(self, out: str, tag: str, hold: tuple = (-1, ""), count_batches: bool = False):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.3), nn.Linear(32, 1))
         self.out, self.tag, self.hold = out, tag, hold
-        self.register_buffer("batches_seen", torch.zeros((), dtype=torch.long))  # kept by the module's own hook
+        if count_batches:  # kept by the module's own on_train_batch_end
+            self.register_buffer("batches_seen", torch.zeros((), dtype=torch.long))
 
     def training_step(self, batch, batch_idx):
         if self.global_step == self.hold[0]:
@@ -43,7 +45,8 @@ class Net(L.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        self.batches_seen += 1
+        if hasattr(self, "batches_seen"):
+            self.batches_seen += 1
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=0.01)
@@ -87,6 +90,7 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=-1, help="keep only the K newest (monitor: progress)")
     parser.add_argument("--save-last", action="store_true")
     parser.add_argument("--full-state", action="store_true", help="FSDP2: one full-state file, not a DCP folder")
+    parser.add_argument("--count-batches", action="store_true", help="a buffer the module's own hook counts in")
     parser.add_argument("--hold-at-step", type=int, default=-1)
     parser.add_argument("--hold-dir", default="")
     parser.add_argument("--random-sampler", action="store_true",
@@ -98,7 +102,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(64, 8, generator=gen)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
-    model = Net(args.out, args.tag, (args.hold_at_step, args.hold_dir))
+    model = Net(args.out, args.tag, (args.hold_at_step, args.hold_dir), args.count_batches)
     checkpoints = ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every, save_top_k=args.top_k,
                                   monitor="progress" if args.top_k > 0 else None, mode="max", save_last=args.save_last)
     extra = {}
