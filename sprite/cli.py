@@ -88,9 +88,10 @@ def run(
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
         "pass_env": _env_names(env), "secrets": list(secret) if secret else None,
-        "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
-        "retries": retries, "spare_nodes": spare_nodes, "resume": resume,
+        "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None),
+        "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
+        "retries": retries, "spare_nodes": spare_nodes,
         "preempt_signal": preempt_signal, "requeue": True if requeue else None,
     }
     run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
@@ -139,12 +140,14 @@ def _mount_subcommands() -> None:
     from sprite import cli_runs
     from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
+    from sprite.parity.bench_cli import app as bench_app
     from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
     app.add_typer(ckpt_app, name="ckpt")
     cli_runs.register(app)
+    app.add_typer(bench_app, name="bench")
 
 
 _mount_subcommands()

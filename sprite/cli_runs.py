@@ -110,7 +110,8 @@ def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or:
         typer.echo(json.dumps({"intact": True, "reason": reason}) if json_out else f"intact: {reason}")
         return 0
     if len(args) > 1:
-        raise UsageError("sprite runs takes at most one folder.", "", "Write: sprite runs [DIR] or sprite runs verify RUN")
+        raise UsageError("sprite runs takes at most one folder.", "",
+                         "Write: sprite runs [DIR] or sprite runs verify RUN")
     rows = list_runs(Path(args[0] if args else rundir.DEFAULT_PARENT))
     typer.echo(json.dumps(rows, indent=2) if json_out else _table(rows) if rows else "no runs")
     return 0

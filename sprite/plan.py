@@ -173,7 +173,7 @@ def context(environ: Mapping[str, str], run_env: Mapping[str, str] | None = None
 
 
 def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
-             run_env: Mapping[str, str] | None = None, allow_literal_secrets: bool = False) -> LaunchPlan:
+             allow_literal_secrets: bool = False, run_env: Mapping[str, str] | None = None) -> LaunchPlan:
     """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes; ``run_env``
     (run folder, attempt) goes to every rank.
 

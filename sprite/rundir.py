@@ -13,7 +13,7 @@ import secrets
 import time
 from pathlib import Path
 
-from sprite import heartbeat
+from sprite import heartbeat, owner_only
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError, make_dir_new
 
@@ -39,12 +39,12 @@ def choose(run_dir: str | None, job_id: str = "") -> Path:
 
 
 def create(path: Path) -> Path:
-    """Create ``path`` (mode 0700 whatever the umask; its parents as needed) and ``heartbeat/`` in it.
+    """Create ``path`` (mode 0700 whatever the umask; missing parents 0700 too) and ``heartbeat/`` in it.
 
     Raises UsageError when it exists meanwhile or cannot be created.
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        owner_only.make_dirs(path.parent)
         make_dir_new(path, 0o700)
     except IntegrityError:
         raise UsageError(f"The run folder {path} exists already.", "Another run took the name.",

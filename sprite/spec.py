@@ -45,12 +45,12 @@ class JobSpec:
     master_port: int | None = None
     resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
     stall_timeout: float | None = None  # seconds without progress that stop the run (exit 124); None: no watchdog
     first_step_timeout: float | None = None  # the allowance from launch to the end of the first step
     save_timeout: float | None = None  # the allowance for one checkpoint save
     retries: int = 0  # relaunches after a failure
     spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
-    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
     preempt_signal: str | None = None  # USR1 | USR2 | none (contract.PREEMPT_SIGNAL); None: preemption.DEFAULT
     requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
 

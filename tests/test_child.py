@@ -119,6 +119,7 @@ def test_a_stop_reason_ends_a_launcher_that_ignores_sigterm(tmp_path):
     proc.communicate(timeout=60)
     assert time.monotonic() - started < 20
     outcome = json.loads((out / "outcome.json").read_text())
-    assert outcome == {"code": 128 + signal.SIGKILL, "forwarded": [], "stopped_by": "sprite: error: stopped by the test"}
+    assert outcome == {"code": 128 + signal.SIGKILL, "forwarded": [],
+                       "stopped_by": "sprite: error: stopped by the test"}
     assert (out / "attempt.log").read_text().rstrip().endswith("sprite: error: stopped by the test")
     assert not alive(int((out / "orphan").read_text()))

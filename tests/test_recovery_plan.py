@@ -116,3 +116,9 @@ def test_a_requeued_slurm_job_is_recorded_as_such(script, tmp_path):
     entry._launch_record(run, plan)
     kinds = [(r["kind"], r.get("restart_count")) for r in audit.read(run.trail)]
     assert kinds == [("launch", None), ("requeue", 1)]
+
+
+def test_the_recorded_command_line_shows_no_env_value():
+    argv = ["sprite", "run", "--env", "WANDB_API_KEY=abc", "--env=HF_TOKEN=xyz", "--env", "PASSED", "train.py"]
+    assert entry.masked_argv(argv) == ["sprite", "run", "--env", "WANDB_API_KEY=***", "--env=HF_TOKEN=***", "--env",
+                                       "PASSED", "train.py"]

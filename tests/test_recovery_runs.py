@@ -121,7 +121,8 @@ def test_a_killed_rank_is_relaunched_and_the_audit_verifies(sprite_cmd, clean_en
     assert code == 0, sprite.output[-3000:]
     assert "rank 1 kills itself at step 5" in sprite.output and "[rank 1] rank 1 finished at step 8" in sprite.output
     assert re.search(r"sprite: attempt 1 ended with exit code 137 \(node fault: rank 1 on \S+ was killed by SIGKILL"
-                     r".*; relaunching on the same hosts .*as attempt 2 of 2, starting from the last valid checkpoint\.",
+                     r".*; relaunching on the same hosts .*as attempt 2 of 2, starting from the last valid "
+                     r"checkpoint\.",
                      sprite.output)
     records = _records(run_dir)
     starts = [r for r in records if r["kind"] == "attempt_start"]

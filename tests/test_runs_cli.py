@@ -26,7 +26,8 @@ def make_run(parent: Path, name: str, causes: list[str], finished: bool = True, 
         audit.append(trail, "attempt_end", attempt=number, exit_code=0 if cause == "success" else 137, cause=cause,
                      reason="", hosts=["a", "b"], world_size=4, seconds=1800.0, node_hours=1.0, device_hours=2.0)
     if finished:
-        done = audit.append(trail, "completion", status=summary.status_of(causes[-1]), exit_code=0, attempts=len(causes))
+        done = audit.append(trail, "completion", status=summary.status_of(causes[-1]), exit_code=0,
+                            attempts=len(causes))
         rundir.write_summary(run, {"audit_tail": done["self_sha256"]})
     return run
 

@@ -29,7 +29,8 @@ def test_heartbeat_interval_is_a_tenth_of_the_timeout_within_bounds():
 
 def test_summary_groups_ranks_by_phase_and_step():
     beats = {0: beat(0, 3, heartbeat.SAVE), **{r: beat(r, 4) for r in (1, 2, 3)}}
-    assert summarize(beats, 4) == "rank 0 on h1 in checkpoint save at step 3; ranks 1-3 on h1 in training step at step 4"
+    assert summarize(beats, 4) == ("rank 0 on h1 in checkpoint save at step 3; "
+                                   "ranks 1-3 on h1 in training step at step 4")
     beats = {0: beat(0, 7, host="nid001"), 1: beat(1, 7, host="nid002"), 3: beat(3, 6, heartbeat.VALIDATION, "nid002")}
     assert summarize(beats, 5) == ("ranks 0-1 on nid[001-002] in training step at step 7; rank 3 on nid002 in "
                                    "validation at step 6; ranks 2,4 never reported (no heartbeat)")

@@ -29,15 +29,28 @@ def prepare(flags: dict, spec_file: str | None, run_dir: str | None, environ: Ma
                          "Use --run-dir DIR to choose the run folder.")
     job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
     run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
-              said_never(flags, spec_file), requeue=job.requeue, allow_literal_secrets=allow_literal_secrets)
+              said_never(flags, spec_file), allow_literal_secrets, requeue=job.requeue)
     return run, run.plan(1, flags)
+
+
+def masked_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every ``--env NAME=VALUE`` shown as ``NAME=***`` (it may be a secret)."""
+    out, after_env = [], False
+    for arg in argv:
+        if after_env and "=" in arg:
+            arg = arg.split("=", 1)[0] + "=***"
+        elif arg.startswith("--env=") and "=" in arg[6:]:
+            arg = "--env=" + arg[6:].split("=", 1)[0] + "=***"
+        out.append(arg)
+        after_env = arg == "--env"
+    return out
 
 
 def _launch_record(run: Run, plan: LaunchPlan) -> None:
     world = plan.world
     limits = run.limits
-    run.record("launch", run_dir=str(run.path), argv=sys.argv, cwd=os.getcwd(), host=socket.gethostname(),
-               pid=os.getpid(), script=run.script,
+    run.record("launch", run_dir=str(run.path), argv=masked_argv(sys.argv), cwd=os.getcwd(),
+               host=socket.gethostname(), pid=os.getpid(), script=run.script,
                scheduler=world.alloc.scheduler, job_id=world.alloc.job_id, allocation=list(world.alloc.hosts),
                hosts=list(world.hosts), nodes=world.nodes, world_size=world.size, launcher=world.flavour,
                retries=run.retries, stall_timeout=limits.stall if limits else None,
@@ -56,7 +69,8 @@ def run_all(run: Run, plan: LaunchPlan) -> int:
     execute.resolve_program(plan)
     rundir.create(run.path)
     _launch_record(run, plan)
-    base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(), "argv": sys.argv}
+    base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(),
+            "argv": masked_argv(sys.argv)}
     rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
     code = run_attempts(run, plan)
     last = run.attempts[-1]

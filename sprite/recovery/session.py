@@ -26,8 +26,8 @@ class Run:
     limits: Limits | None
     script: str = ""
     keep_never: bool = False  # the user chose --resume never: relaunches start from scratch too
+    allow_literal_secrets: bool = False  # as --allow-literal-secrets said (plan.assemble)
     requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
-    allow_literal_secrets: bool = False  # --allow-literal-secrets: every attempt plans with it
     attempts: list = field(default_factory=list)
 
     @property
@@ -44,8 +44,8 @@ class Run:
 
     def plan(self, attempt: int, flags: dict, resume: str | None = None) -> LaunchPlan:
         """Raises UsageError / SpecError as ``plan.plan_run`` does."""
-        return planning.plan_run(flags, self.environ, self.spec_file, self.run_env(attempt, resume),
-                                 self.allow_literal_secrets)
+        return planning.plan_run(flags, self.environ, self.spec_file, self.allow_literal_secrets,
+                                 self.run_env(attempt, resume))
 
     def next_plan(self, plan: LaunchPlan, flags: dict, number: int, exclude: tuple) -> tuple[LaunchPlan, dict, str]:
         """The plan of attempt ``number`` with ``SPRITE_RESUME=auto`` (``never`` when the user chose it), without

@@ -58,25 +58,26 @@ def run(argv: list[str]) -> None:
         sys.path.insert(0, folder)
     else:
         sys.path[0] = folder
+    _run_script(script, launched=cfg is not None)
+
+
+def _run_script(script: str, launched: bool) -> None:
+    """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, say
+    so to the watchdog and end every rank together (finish.py)."""
+    from sprite.runtime import finish, progress
+
     try:
         runpy.run_path(script, run_name="__main__")
     except preempt.Preempted as stopped:  # a SystemExit: caught first
         raise SystemExit(preempt.exit_preempted(stopped)) from None
     except SystemExit as exit:
-        if exit.code not in (None, 0) or cfg is None:
-            raise
-        _finish()  # a script that ends with sys.exit(0) has finished too
+        if launched and exit.code in (None, 0):
+            progress.finish()
+            finish.finish()
         raise
-    if cfg is not None:
-        _finish()
-
-
-def _finish() -> None:
-    """The script returned: say so to the watchdog, then end every rank together (finish.py)."""
-    from sprite.runtime import finish, progress
-
-    progress.finish()
-    finish.finish()
+    if launched:
+        progress.finish()
+        finish.finish()
 
 
 def _start_heartbeat(cfg) -> None:
