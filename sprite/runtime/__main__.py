@@ -63,8 +63,8 @@ def run(argv: list[str]) -> None:
 
 def _run_script(script: str, launched: bool) -> None:
     """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, say
-    so to the watchdog and end every rank together (finish.py)."""
-    from sprite.runtime import finish, progress
+    so to the watchdog and end every rank together (finish.py); stopped for preemption, exit 75 (preempt.py)."""
+    from sprite.runtime import finish, preempt, progress
 
     try:
         runpy.run_path(script, run_name="__main__")
