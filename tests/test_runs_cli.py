@@ -14,6 +14,8 @@ from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
 from sprite.recovery import summary
 
+from conftest import OUTSIDE_CHECKOUT
+
 
 def make_run(parent: Path, name: str, causes: list[str], finished: bool = True, resumes: int = 0) -> Path:
     run = rundir.create(parent / name)
@@ -97,7 +99,8 @@ for argv in (["runs", {str(tmp_path)!r}, "--json"], ["runs", "verify", {str(run)
 heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'torch', 'lightning'}})
 print("RESULT", json.dumps([codes, heavy]))
 """
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            cwd=OUTSIDE_CHECKOUT)
     codes, heavy = json.loads(result.stdout.split("RESULT ", 1)[1])
     assert codes == [0, 0, 1, 2] and heavy == [], result.stderr
     assert "line 1: its content does not match its own SHA-256" in result.stderr
