@@ -64,6 +64,10 @@ def run(
                                               "launch, to replace a failed node"),
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
+    preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
+                                                 "it the ranks checkpoint at the next step and exit 75"),
+    requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "
+                                 "system to run this job again (job scripts pass it)"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
     strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
@@ -88,6 +92,7 @@ def run(
         "checks": "off" if no_checks else ("strict" if strict else None),
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes,
+        "preempt_signal": preempt_signal, "requeue": True if requeue else None,
     }
     run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
     if dry_run:

@@ -12,6 +12,10 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_STALLED = 124
+# The ranks saved a checkpoint after the preemption signal and stopped: run again with --resume auto.
+# 75 is sysexits.h's EX_TEMPFAIL ("a temporary failure; the user is invited to retry later"): no launcher,
+# scheduler or signal (128+N) gives it another meaning.
+EXIT_PREEMPTED = 75
 
 # A value checker's way to refuse: complain(what is wrong, what is allowed) builds the error it raises.
 Complain = Callable[[str, str], Exception]

@@ -16,7 +16,8 @@ from sprite import contract
 
 # What a rank is doing, in the order a fit goes through them.
 START, TRAINING, VALIDATION, SAVE, DONE = "start", "training step", "validation", "checkpoint save", "done"
-PHASES = (START, TRAINING, VALIDATION, SAVE, DONE)
+PREEMPTED = "preempted"  # saved a checkpoint after the preemption signal and stopped (exit 75)
+PHASES = (START, TRAINING, VALIDATION, SAVE, DONE, PREEMPTED)
 
 
 @dataclass(frozen=True)

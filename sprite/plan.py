@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from sprite import allocation, contract, launchers, rendezvous, secret_env, sites, world, yamldoc
+from sprite import allocation, contract, launchers, preemption, rendezvous, secret_env, sites, world, yamldoc
 from sprite import spec as specmod
 from sprite.errors import UsageError
 from sprite.sites import SiteProfile
@@ -99,13 +99,22 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.SITE: site.name,
         contract.RESUME: spec.resume,
         contract.CHECKS: spec.checks,
+        contract.PREEMPT_SIGNAL: preemption.effective(spec.preempt_signal),
     })
     env.update(ctx.run_env)
     return env
 
 
 def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> LaunchPlan:
-    """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments."""
+    """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments.
+
+    Raises UsageError for a preemption signal the launcher would not pass on, or ``requeue`` outside a batch job.
+    """
+    preemption.check_launcher(spec.preempt_signal, world.flavour)
+    if spec.requeue and not world.alloc.job_id:
+        raise UsageError("--requeue asks the batch system to run this job again, and this is no batch job.",
+                         "Job scripts written by `sprite qsub`/`sprite sbatch` pass it when the spec says requeue.",
+                         "Drop --requeue (or requeue: true) here, or submit the spec as a job.")
     env = environment(spec, site, world, ctx)
     argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
     return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site))

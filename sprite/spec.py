@@ -51,6 +51,8 @@ class JobSpec:
     save_timeout: float | None = None  # the allowance for one checkpoint save
     retries: int = 0  # relaunches after a failure
     spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
+    preempt_signal: str | None = None  # USR1 | USR2 | none (contract.PREEMPT_SIGNAL); None: preemption.DEFAULT
+    requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
@@ -64,6 +66,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
     "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
+    "preempt_signal": v.signal_name, "requeue": v.flag,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 

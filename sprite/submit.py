@@ -73,11 +73,11 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     literals = {name: value for name, value in file_layer.get("env", {}).items() if name in secret}
     passed = tuple(dict.fromkeys((*literals, *job.pass_env, *job.secrets)))
     block = replace(scheduler_block.resolve(kind, doc, site, job, cwd), pass_env=passed)
-    argv = jobscript.run_argv(block.python or sys.executable, site, file_layer, job)
+    argv = jobscript.run_argv(block.python or sys.executable, site, file_layer, job, block)
     devices = jobscript.ranks_per_node(job, site)
-    text = jobscript.render(block, argv, devices, str(Path(spec_file).resolve()), cwd,
-                            jobscript.exports(file_layer, secret))
     script = os.path.join(block.output_dir, block.job_name + scheduler.script_suffix)
+    text = jobscript.render(block, argv, devices, str(Path(spec_file).resolve()), cwd,
+                            jobscript.exports(file_layer, secret), script)
     return Prepared(kind, text, script, scheduler.log_path(block), passed, job.secrets, literals)
 
 

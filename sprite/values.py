@@ -20,7 +20,7 @@ from sprite.errors import Complain, UsageError
 TOKEN = re.compile(r"[A-Za-z0-9_.,:=@%+/-]+")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 WALLTIME = re.compile(r"(\d{1,3}):([0-5]\d):([0-5]\d)")
-SIGNAL = re.compile(r"(?:SIG)?(USR1|USR2|TERM|INT|HUP|URG|CONT)@(\d{1,5})")
+SIGNAL = re.compile(r"(?:SIG)?(USR1|USR2)@(\d{1,5})")  # the preemption signals sprite handles (preemption.py)
 PLACE = re.compile(r"(free|pack|scatter|vscatter|excl|shared|exclhost)(:(excl|shared|exclhost|group=[a-z]+))*")
 SHELL_SYNTAX = re.compile(r"[$`;&|<>(){}\\!*?\[\]~#]")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -102,9 +102,18 @@ def dependency(value: Any, complain: Complain) -> tuple[str, ...]:
 def preempt_signal(value: Any, complain: Complain) -> tuple[str, int]:
     match = SIGNAL.fullmatch(str(value)) if isinstance(value, str) else None
     if not match or int(match.group(2)) < 1:
-        raise complain(f"{value!r} is not SIGNAL@SECONDS.", "USR1, USR2, TERM, INT, HUP, URG or CONT, then @ and the "
-                       "seconds before the walltime ends, e.g. USR1@90")
+        raise complain(f"{value!r} is not SIGNAL@SECONDS.", "USR1 or USR2 (the signals on which sprite's ranks "
+                       "checkpoint and stop), then @ and the seconds before the walltime ends, e.g. USR1@90")
     return match.group(1), int(match.group(2))
+
+
+def signal_name(value: Any, complain: Complain) -> str:
+    """A preemption signal for ``sprite run``: USR1, USR2 (a SIG prefix is dropped) or none."""
+    text = value.strip().upper().removeprefix("SIG") if isinstance(value, str) else ""
+    text = "none" if text == "NONE" else text
+    if text not in ("USR1", "USR2", "none"):
+        raise complain(f"{value!r} is not a preemption signal sprite handles.", "USR1 (the default), USR2 or none")
+    return text
 
 
 def directives(value: Any, complain: Complain) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import subprocess
 from typing import Callable, Mapping
 
 from sprite.allocation import Allocation
+from sprite.errors import UsageError
 
 
 class Scheduler:
@@ -35,6 +36,18 @@ class Scheduler:
     def restart_count(self, environ: Mapping[str, str]) -> int:
         """How many times the system has started this job again (a requeue); 0 for its first run."""
         return 0
+
+    def requeue_argv(self, environ: Mapping[str, str], program: Callable[[str], str]) -> list[str]:
+        """The command, run inside this job by ``sprite run --requeue`` after every rank saved a checkpoint and
+        stopped for preemption (exit 75), that makes the system run the job again; the job script passes
+        ``--resume auto``, so the run that comes back continues from that checkpoint. ``program(name)`` is the
+        client's path.
+
+        Raises:
+            UsageError: this system cannot run the job again from inside it.
+        """
+        raise UsageError(f"{self.label or 'This machine'} cannot run a job again: there is no batch job here.",
+                         "--requeue is for job scripts written by sprite qsub / sprite sbatch.", "Drop --requeue.")
 
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts this job was granted. Raises UsageError when the job's variables are unusable."""

@@ -6,12 +6,15 @@ were checked to be directive-safe tokens when the block was validated; ``directi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Mapping
 
-from sprite import values
+from sprite import contract, values
 from sprite.allocation import Allocation, unique
 from sprite.errors import UsageError
 from sprite.schedulers.base import Scheduler
+
+REQUEUE_COUNT = "SPRITE_REQUEUE_COUNT"  # given to a resubmitted job by requeue_argv: how many runs came before
 
 
 class PBS(Scheduler):
@@ -27,6 +30,29 @@ class PBS(Scheduler):
 
     def detect(self, environ: Mapping[str, str]) -> bool:
         return bool(environ.get("PBS_JOBID"))
+
+    def restart_count(self, environ: Mapping[str, str]) -> int:
+        count = environ.get(REQUEUE_COUNT, "")
+        return int(count) if count.isdigit() else 0
+
+    def requeue_argv(self, environ: Mapping[str, str], program: Callable[[str], str]) -> list[str]:
+        """Submit this job's script again with ``qsub``: PBS Pro's ``qrerun`` needs Manager or Operator privilege
+        (openpbs doc/man1/qrerun.1B:84-86, enforced in src/server/req_rerun.c:241-244). The new job starts after
+        this one has ended (``depend=afterany``), counts its runs in SPRITE_REQUEUE_COUNT and writes its own log
+        beside the script (PBS's ``-o`` would replace this job's).
+
+        Raises:
+            UsageError: the job script did not export its own path (it was not written by sprite qsub).
+        """
+        script, job_id = environ.get(contract.JOB_SCRIPT, ""), environ.get("PBS_JOBID", "")
+        if not script or not job_id:
+            raise UsageError(f"Cannot submit this PBS job again: {contract.JOB_SCRIPT} or PBS_JOBID is not set.",
+                             "Only job scripts written by sprite qsub with requeue: true export their own path.",
+                             "Submit the spec with sprite qsub, with requeue: true in its scheduler block.")
+        count = self.restart_count(environ) + 1
+        log = Path(script).with_name(f"{Path(script).stem}-requeue{count}.log")
+        return [program("qsub"), "-W", f"depend=afterany:{job_id}", "-v", f"{REQUEUE_COUNT}={count}",
+                "-o", str(log), "-j", "oe", script]
 
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts of PBS_NODEFILE (one line per rank slot, so hosts repeat). Raises UsageError if unusable."""

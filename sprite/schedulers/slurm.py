@@ -52,6 +52,16 @@ class Slurm(Scheduler):
         count = environ.get("SLURM_RESTART_COUNT", "")
         return int(count) if count.isdigit() else 0
 
+    def requeue_argv(self, environ: Mapping[str, str], program: Callable[[str], str]) -> list[str]:
+        """``scontrol requeue JOBID`` (an array task as ``ARRAYID_TASKID``, as Lightning's SLURMEnvironment does,
+        trainer/connectors/signal_connector.py:82-90); it needs ``#SBATCH --requeue``. Slurm then ends this batch
+        script and holds the job for ``cred_expire`` (120 s by default) before it starts again."""
+        array, task = environ.get("SLURM_ARRAY_JOB_ID", ""), environ.get("SLURM_ARRAY_TASK_ID", "")
+        job_id = f"{array}_{task}" if array and task else environ.get("SLURM_JOB_ID", "")
+        if not job_id:
+            return super().requeue_argv(environ, program)
+        return [program("scontrol"), "requeue", job_id]
+
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts of SLURM_JOB_NODELIST. Raises UsageError when the node list is missing or unreadable."""
         text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
@@ -73,8 +83,11 @@ class Slurm(Scheduler):
         if block.dependency:
             opts.append(("dependency", "afterok:" + ":".join(block.dependency)))
         if block.preempt_signal:
-            # To every job step (the ranks): Lightning's SLURMEnvironment requeues on SIGUSR1 inside the ranks.
-            opts.append(("signal", "{}@{}".format(*block.preempt_signal)))
+            # B: to the batch shell, which is `sprite run` (the script execs it): it passes the signal to the
+            # launcher (srun forwards it to every task, srun(1) SIGNALS), so the ranks get it under any launcher.
+            opts.append(("signal", "B:{}@{}".format(*block.preempt_signal)))
+        if block.requeue:
+            opts.append(("open-mode", "append"))  # a requeued job writes the same log file: keep the first run's
         lines = [f"#SBATCH --{flag}={values.directive_word(flag, value)}" for flag, value in opts if value is not None]
         if block.requeue is not None:
             lines.append("#SBATCH --requeue" if block.requeue else "#SBATCH --no-requeue")
