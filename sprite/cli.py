@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line, show
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -41,7 +41,7 @@ def run(
     precision: Optional[str] = typer.Option(None, "--precision", help="e.g. 32-true, bf16-mixed, 16-mixed"),
     launcher: Optional[str] = typer.Option(None, "--launcher", help="auto|mpiexec|srun|torchrun|local"),
     mpi: Optional[str] = typer.Option(None, "--mpi", help="mpiexec flavour: auto|pals|hydra|openmpi"),
-    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat; a,b; nid[001-3])"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
@@ -57,7 +57,8 @@ def run(
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
-        "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+        "mpi": mpi, "site": site, "exclude": list(exclude) if exclude else None, "env": _env_pairs(env),
+        "master_port": master_port,
     }
     launch = plan.plan_run(flags, spec_file=spec)
     if dry_run:
@@ -78,10 +79,6 @@ def env_command(
     typer.echo(envinfo.to_json(info) if json_out else envinfo.describe(info))
 
 
-def _commas(values: Optional[List[str]]) -> Optional[list]:
-    return [part for value in values for part in value.split(",") if part] if values else None
-
-
 def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
     if not values:
         return None
@@ -89,7 +86,7 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
     for value in values:
         name, sep, val = value.partition("=")
         if not sep or not name:
-            raise UsageError(f"Option --env {value!r} is not NAME=VALUE.", "", "Write it as --env NAME=VALUE.")
+            raise UsageError(f"Option --env {show(value)} is not NAME=VALUE.", "", "Write it as --env NAME=VALUE.")
         pairs[name] = val
     return pairs
 

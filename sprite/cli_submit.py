@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from sprite import schedulers
-from sprite.errors import UsageError
+from sprite.errors import UsageError, show
 from sprite.schedulers.base import Scheduler
 
 SUBMIT_HELP = """Write a {kind} job script for SPEC and submit it with {cmd}; print the job id and the log path.
@@ -25,10 +25,10 @@ Examples:
 
 
 def _job_id(value: str) -> str:
-    from sprite import values
+    from sprite import allocation
 
-    if not values.NAME.fullmatch(value):
-        raise UsageError(f"{value!r} is not a job id.", "Job ids are numbers or names such as 123.server.",
+    if not allocation.JOB_ID.fullmatch(value):
+        raise UsageError(f"{show(value)} is not a job id.", "Job ids are numbers or names such as 123.server.",
                          "Pass the id that sprite qsub/sbatch printed.")
     return value
 
@@ -86,5 +86,5 @@ def register(app: typer.Typer) -> None:
 def _kind(value: Optional[str]) -> Optional[str]:
     allowed = [s.name for s in schedulers.batch()]
     if value is not None and value not in allowed:
-        raise UsageError(f"Option --scheduler {value!r} is not a scheduler.", "", f"Allowed: {', '.join(allowed)}.")
+        raise UsageError(f"Option --scheduler {show(value)} is not a scheduler.", "", f"Allowed: {', '.join(allowed)}.")
     return value

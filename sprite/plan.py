@@ -13,12 +13,10 @@ import shlex
 import socket
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Mapping
 
 from sprite import allocation, contract, launchers, rendezvous, sites, world, yamldoc
 from sprite import spec as specmod
-from sprite.errors import UsageError
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
 from sprite.world import World
@@ -104,29 +102,20 @@ def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> Launc
 def assemble(flags: dict, spec_file: str | None = None,
              environ: Mapping[str, str] = os.environ) -> tuple[JobSpec, SiteProfile]:
     """Merge site profile defaults, the spec file and validated flags. Raises UsageError / SpecError."""
-    file_layer = specmod.from_document(yamldoc.load(spec_file)) if spec_file else {}
+    doc = yamldoc.load(spec_file) if spec_file else None
+    file_layer = specmod.from_document(doc) if doc else {}
     flag_layer = specmod.from_flags(flags)
     if "script" in flag_layer:
-        flag_layer["script"] = str(Path(flag_layer["script"]).resolve())
-    site_name = flag_layer.get("site") or file_layer.get("site") or environ.get("SPRITE_SITE") or "local"
-    site = sites.load(site_name)
+        flag_layer["script"] = specmod.absolute(flag_layer["script"])
+    site = sites.choose(flag_layer, file_layer, doc, environ)
     # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
     defaults = {key: value for key, value in site.job.items() if key != "devices"}
-    job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name})
-    check_script(job.script)
+    origins = {**site.origins, **(specmod.origins(doc, file_layer) if doc else {})}
+    origins = {key: where for key, where in origins.items() if key not in flag_layer}
+    job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name, "origins": origins})
+    sites.check_limits(job, site)
+    specmod.check_script(job, doc)
     return job, site
-
-
-def check_script(script: str | None) -> None:
-    """Raise UsageError unless ``script`` names an existing file."""
-    if not script:
-        raise UsageError("No training script given.", "", "Pass SCRIPT after sprite's options, or set script: in --spec.")
-    if not os.path.isfile(script):
-        raise UsageError(
-            f"The training script {script} does not exist.",
-            "The path is misspelled or relative to another folder (spec paths are relative to the spec file).",
-            "Pass the path of an existing Python file.",
-        )
 
 
 def context(environ: Mapping[str, str]) -> Context:
@@ -143,3 +132,4 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     launched = world.resolve(job, site, alloc)
     return build(job, site, launched, context(environ))
+

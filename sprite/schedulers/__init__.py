@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from sprite.errors import UsageError
+from sprite.errors import UsageError, show
 from sprite.schedulers.base import Scheduler
 from sprite.schedulers.local import NoScheduler
 from sprite.schedulers.pbs import PBS
@@ -37,7 +37,7 @@ def get(name: str) -> Scheduler:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise UsageError(f"{name!r} is not a scheduler sprite knows.", "A typo in --scheduler or a site profile.",
+        raise UsageError(f"{show(name)} is not a scheduler sprite knows.", "A typo in --scheduler or a site profile.",
                          f"Use one of: {', '.join(REGISTRY)}.") from None
 
 
