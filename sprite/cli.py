@@ -61,6 +61,8 @@ def run(
         "master_port": master_port,
     }
     launch = plan.plan_run(flags, spec_file=spec)
+    for note in launch.notes:
+        print(f"sprite: {one_line(note)}", file=sys.stderr)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from sprite import allocation, contract, sites, world
+from sprite import allocation, contract, schedulers, sites, world
 
 
 def count_devices() -> tuple[str, int]:
@@ -51,6 +51,7 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
         "backend": contract.BACKENDS.get(kind, "gloo"),
         "mpiexec": shutil.which("mpiexec"),
         "srun": shutil.which("srun"),
+        "notes": schedulers.detection_notes(environ),  # e.g. which batch system won when several are set
     }
 
 
@@ -70,4 +71,5 @@ def describe(info: dict) -> str:
         ("mpiexec", info["mpiexec"] or "not found"),
         ("srun", info["srun"] or "not found"),
     ]
+    rows += [("note", note[len("note: "):]) for note in info["notes"]]
     return "\n".join(f"{name:<13}{value}" for name, value in rows)

@@ -12,10 +12,10 @@ import os
 import shlex
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from sprite import allocation, contract, launchers, rendezvous, sites, world, yamldoc
+from sprite import allocation, contract, launchers, rendezvous, schedulers, sites, world, yamldoc
 from sprite import spec as specmod
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
@@ -40,6 +40,7 @@ class LaunchPlan:
     env: dict[str, str]
     world: World
     cwd: str | None = None
+    notes: tuple[str, ...] = ()  # what sprite decided over the caller's environment, for stderr
 
     def to_json(self) -> str:
         return json.dumps({"argv": self.argv, "env": self.env}, indent=2)
@@ -67,8 +68,8 @@ def rank_command(spec: JobSpec, ctx: Context) -> list[str]:
 def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> dict[str, str]:
     """Every variable sprite sets or overrides for the ranks: site and spec env, rendezvous and the contract."""
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
-    addr = "127.0.0.1" if local else rendezvous.master_addr(ctx.environ, world.hosts)
-    port = rendezvous.master_port(ctx.environ, world.alloc.job_id, spec.master_port, ctx.pick_free_port)
+    addr = "127.0.0.1" if local else world.hosts[0]
+    port = rendezvous.master_port(world.alloc.job_id, spec.master_port, ctx.pick_free_port)
     env = {**spec.env}
     env.update({
         # `python -m sprite.runtime` started in a source checkout would import the checkout's sprite/ (the cwd
@@ -131,5 +132,7 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     job, site = assemble(flags, spec_file, environ)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     launched = world.resolve(job, site, alloc)
-    return build(job, site, launched, context(environ))
+    plan = build(job, site, launched, context(environ))
+    notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
+    return replace(plan, notes=notes)
 

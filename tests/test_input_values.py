@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sprite import submit
+from sprite import envinfo, submit
 from sprite.errors import SpecError, SpriteError, UsageError, report
 from sprite.plan import plan_run
 
@@ -128,6 +128,16 @@ def test_a_huge_allocation_is_never_listed_whole():
 def test_a_count_sprite_cannot_read_is_not_a_crash():
     environ = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS_PER_NODE": "²"}
     assert plan_run({"script": SCRIPT, "devices": 2}, environ).world.devices == 2
+
+
+def test_both_batch_systems_set_says_which_won(tmp_path):
+    (tmp_path / "nodes").write_text("h1\n")
+    environ = {"PBS_JOBID": "1.pbs", "PBS_NODEFILE": str(tmp_path / "nodes"), "SLURM_JOB_ID": "5",
+               "SLURM_JOB_NODELIST": "n1"}
+    plan = plan_run({"script": SCRIPT}, environ)
+    assert plan.world.alloc.scheduler == "pbs" and "PBS won" in plan.notes[0]
+    info = envinfo.detect(None, environ)
+    assert "PBS won" in envinfo.describe(info) and info["notes"] == list(plan.notes)
 
 
 def test_site_profile_values_are_checked(tmp_path):
