@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
 
-from sprite.errors import UsageError
+from sprite.errors import UsageError, one_line
 from sprite.parity import faults
 from sprite.parity.arm_launch import launch_arm
 from sprite.parity.settings import SINGLE_ARMS, Settings, arm_world
@@ -31,7 +31,12 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
         raise UsageError(f"--out {out} is not empty; refusing to run into it.",
                          "It holds an earlier run (arms never overwrite results).",
                          f"Pass a fresh directory, or recompute the old verdict with `sprite parity compare {out}`.")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file where a folder of the path should be, a read-only or kernel file system
+        raise UsageError(f"--out {one_line(str(out), 300)} cannot be made ({err.strerror}).",
+                         "A part of the path is a file, or the folder above it is not writable.",
+                         "Pass a fresh directory under a folder you can write to.") from None
     write_new(out / "run.json", settings.to_json().encode())
 
 

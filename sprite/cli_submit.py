@@ -40,7 +40,7 @@ def _submit(spec_name: str, scheduler: Scheduler, dry_run: bool) -> None:
     if dry_run:
         typer.echo(prepared.text, nl=False)
         return
-    job_id = submit.submit(prepared)
+    job_id, prepared = submit.submit(prepared)
     typer.echo(f"submitted {scheduler.name} job {job_id}")
     typer.echo(f"script  {prepared.script_path}")
     typer.echo(f"log     {prepared.log_path.replace('%j', job_id)}")

@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 from sprite import allocation, contract, launchers, rendezvous, schedulers, sites, world, yamldoc
 from sprite import spec as specmod
+from sprite.allocation import Allocation
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
 from sprite.world import World
@@ -136,3 +137,8 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
     return replace(plan, notes=notes)
 
+
+def plan_in(job: JobSpec, site: SiteProfile, alloc: Allocation, python: str) -> LaunchPlan:
+    """The plan ``job`` would get inside ``alloc`` (a requested allocation, before submission): the same
+    checks as ``sprite run`` in the job. Raises UsageError for a world the allocation cannot hold."""
+    return build(job, site, world.resolve(job, site, alloc), Context(python=python))

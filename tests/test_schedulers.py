@@ -74,7 +74,7 @@ def test_a_new_scheduler_is_one_class_and_a_site_profile(monkeypatch, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text(f"site: {site}\nscript: train.py\nnodes: 2\nscheduler: {{project_group: abc}}\n")
     prepared = submit.prepare(str(spec), "lsf", cwd=str(tmp_path))
-    assert prepared.script_path.endswith("/sprite-jobs/job.lsf")
+    assert prepared.script_path.endswith("/sprite-jobs/job-1.lsf")  # a new name for every submission
     assert "#BSUB -nnodes 2\n#BSUB -W 00:10:00\n#BSUB -G abc" in prepared.text
     assert "# Written by `sprite bsub`" in prepared.text and "(mpiexec under LSF)" in prepared.text
     alloc = schedulers.detect({"LSB_JOBID": "77", "LSB_HOSTS": "h1 h1 h2"}).allocation(
