@@ -8,8 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parents[1]
+# Property-based tests (tests/test_fuzz_inputs.py) take their budget from a profile: "ci" (the default, about a
+# minute on an idle 2-core machine) or "deep" for long local runs: HYPOTHESIS_PROFILE=deep pytest tests/test_fuzz_inputs.py
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("deep", max_examples=5000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 LEAK_GUARDED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")
 SCHEDULER_VARS = ("PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
                   "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SPRITE_SITE")
