@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
 
+from sprite import owner_only
+from sprite.integrity import IntegrityError
 from sprite.errors import UsageError, one_line
 from sprite.parity import faults
 from sprite.parity.arm_launch import launch_arm
@@ -32,9 +34,9 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
                          "It holds an earlier run (arms never overwrite results).",
                          f"Pass a fresh directory, or recompute the old verdict with `sprite parity compare {out}`.")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a file where a folder of the path should be, a read-only or kernel file system
-        raise UsageError(f"--out {one_line(str(out), 300)} cannot be made ({err.strerror}).",
+        owner_only.make_dirs(out)  # 0700: results and logs inside are for their owner only
+    except (OSError, IntegrityError) as err:  # a file where a folder of the path should be, a read-only file system
+        raise UsageError(f"--out {one_line(str(out), 300)} cannot be made ({getattr(err, 'strerror', None) or err}).",
                          "A part of the path is a file, or the folder above it is not writable.",
                          "Pass a fresh directory under a folder you can write to.") from None
     write_new(out / "run.json", settings.to_json().encode())

@@ -31,15 +31,16 @@ def program(name: str, scheduler: Scheduler) -> str:
     return found
 
 
-def call(argv: list[str], what: str) -> subprocess.CompletedProcess:
-    """Run ``argv`` with the deadline TIMEOUT; stdout and stderr come back as text.
+def call(argv: list[str], what: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` with the deadline TIMEOUT; stdout and stderr come back as text. ``env`` (a submit command's)
+    also sets umask 077, so what the batch system writes for the job is owner-only.
 
     The client runs in its own process group, so on timeout it and everything it started are killed.
     Raises ClientTimeout after TIMEOUT seconds, UsageError when the program cannot be started.
     """
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+                                start_new_session=True, env=env, umask=0o077 if env is not None else -1)
     except OSError as err:
         raise UsageError(f"{what} could not be started ({err.strerror or err}).",
                          "The client on PATH is broken, not executable or not a program.",
@@ -75,9 +76,9 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def run(argv: list[str], what: str | None) -> subprocess.CompletedProcess:
+def run(argv: list[str], what: str | None, env: dict | None = None) -> subprocess.CompletedProcess:
     """``call`` argv; when ``what`` is given, raise UsageError naming it if the command fails (its last line)."""
-    done = call(argv, what or os.path.basename(argv[0]))
+    done = call(argv, what or os.path.basename(argv[0]), env)
     if what is not None and done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         last = one_line(detail[-1], 300) if detail else "no output"

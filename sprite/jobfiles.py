@@ -1,8 +1,9 @@
 """The one writer of the files a submission leaves for the user: the output folder and the job script.
 
 Every submission gets a new name, ``<job_name>-<n>`` for its script and log (n = 1, 2, ... the first unused),
-created with ``integrity.write_new`` (O_CREAT|O_EXCL|O_NOFOLLOW, owner-only): an existing file or a symlink
-is never replaced, followed or chmodded. ``Written.undo`` removes exactly what this submission created.
+created with ``integrity.write_new`` (O_CREAT|O_EXCL|O_NOFOLLOW, 0600) in folders made 0700 when missing
+(``sprite.owner_only``'s rule): an existing file or a symlink is never replaced, followed or chmodded.
+``Written.undo`` removes exactly what this submission created.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 from sprite.errors import UsageError, one_line
-from sprite.integrity import IntegrityError, write_new
+from sprite.integrity import IntegrityError, make_dir_new, write_new
 
 KERNEL_FS = ("/proc", "/sys", "/dev")  # never a place for job files, even where root could create them
 MAX_TRIES = 10_000
@@ -59,10 +60,11 @@ def output_folder(folder: str, written: Written) -> None:
         raise _refuse(folder, f"cannot be made: {one_line(parent, 300)} is a file, not a folder")
     for path in reversed(missing):
         try:
-            os.mkdir(path)
-        except OSError as err:
+            make_dir_new(path)  # 0700 whatever the umask
+        except (OSError, IntegrityError) as err:
             written.undo()
-            raise _refuse(folder, f"cannot be made ({err.strerror})") from None
+            raise _refuse(folder, f"cannot be made ({getattr(err, 'strerror', None) or 'it appeared meanwhile'})"
+                          ) from None
         written.folders.append(path)
     if not os.access(folder, os.W_OK | os.X_OK):
         written.undo()
@@ -81,10 +83,10 @@ def free_stem(job_name: str, paths) -> str:
 
 
 def write_script(path: str, text: str, written: Written) -> bool:
-    """Create the job script ``path`` (owner read, write, execute). Returns False when the name is taken (pick
-    another). Raises UsageError when the folder refuses the file."""
+    """Create the job script ``path`` (0600). Returns False when the name is taken (pick another).
+    Raises UsageError when the folder refuses the file."""
     try:
-        write_new(path, text.encode(), 0o700)
+        write_new(path, text.encode())
     except IntegrityError:
         return False
     except OSError as err:

@@ -15,9 +15,10 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from sprite import allocation, contract, launchers, rendezvous, schedulers, sites, world, yamldoc
+from sprite import allocation, contract, launchers, rendezvous, schedulers, secret_env, sites, world, yamldoc
 from sprite import spec as specmod
 from sprite.allocation import Allocation
+from sprite.errors import UsageError
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
 from sprite.world import World
@@ -35,16 +36,20 @@ class Context:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """``argv`` to execute with ``env`` laid over the caller's environment; ``world`` is what it launches."""
+    """``argv`` to execute with ``env`` laid over the caller's environment; ``world`` is what it launches.
+
+    ``secret`` names the variables of ``env`` that are secrets: printed masked, and never part of ``argv``.
+    """
 
     argv: list[str]
     env: dict[str, str]
     world: World
     cwd: str | None = None
     notes: tuple[str, ...] = ()  # what sprite decided over the caller's environment, for stderr
+    secret: frozenset = frozenset()
 
     def to_json(self) -> str:
-        return json.dumps({"argv": self.argv, "env": self.env}, indent=2)
+        return json.dumps({"argv": self.argv, "env": secret_env.mask(self.env, self.secret)}, indent=2)
 
     def describe(self) -> str:
         w = self.world
@@ -57,7 +62,8 @@ class LaunchPlan:
             "command    " + shlex.join(self.argv),
             "environment",
         ]
-        lines += [f"  {key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
+        shown = secret_env.mask(self.env, self.secret)
+        lines += [f"  {key}={shlex.quote(value)}" for key, value in sorted(shown.items())]
         return "\n".join(lines)
 
 
@@ -67,11 +73,12 @@ def rank_command(spec: JobSpec, ctx: Context) -> list[str]:
 
 
 def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> dict[str, str]:
-    """Every variable sprite sets or overrides for the ranks: site and spec env, rendezvous and the contract."""
+    """Every variable sprite sets or overrides for the ranks: site and spec env (secrets and ``pass_env`` names
+    with their values in ``ctx.environ``), rendezvous and the contract. Raises UsageError for an unset secret."""
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
     addr = "127.0.0.1" if local else world.hosts[0]
     port = rendezvous.master_port(world.alloc.job_id, spec.master_port, ctx.pick_free_port)
-    env = {**spec.env}
+    env = secret_env.resolve(spec, ctx.environ)
     env.update({
         # `python -m sprite.runtime` started in a source checkout would import the checkout's sprite/ (the cwd
         # comes first on sys.path), which lacks the subpackages installation maps in (sprite.parity, sprite.conf):
@@ -90,6 +97,8 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.HOSTS: ",".join(world.hosts),
         contract.JOB_ID: world.alloc.job_id,
         contract.SITE: site.name,
+        contract.RESUME: spec.resume,
+        contract.CHECKS: spec.checks,
     })
     return env
 
@@ -98,17 +107,21 @@ def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> Launc
     """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments."""
     env = environment(spec, site, world, ctx)
     argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
-    return LaunchPlan(argv, env, world)
+    return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site))
 
 
-def assemble(flags: dict, spec_file: str | None = None,
-             environ: Mapping[str, str] = os.environ) -> tuple[JobSpec, SiteProfile]:
-    """Merge site profile defaults, the spec file and validated flags. Raises UsageError / SpecError."""
+def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, str] = os.environ,
+             allow_literal_secrets: bool = False) -> tuple[JobSpec, SiteProfile]:
+    """Merge site profile defaults, the spec file and validated flags.
+
+    Raises UsageError / SpecError; UsageError for a secret given a literal value unless ``allow_literal_secrets``.
+    """
     doc = yamldoc.load(spec_file) if spec_file else None
     file_layer = specmod.from_document(doc) if doc else {}
     flag_layer = specmod.from_flags(flags)
-    if "script" in flag_layer:
-        flag_layer["script"] = specmod.absolute(flag_layer["script"])
+    for key in ("script", "resume"):
+        if key in flag_layer and (key == "script" or flag_layer[key] not in contract.RESUME_MODES):
+            flag_layer[key] = specmod.absolute(flag_layer[key])
     site = sites.choose(flag_layer, file_layer, doc, environ)
     # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
     defaults = {key: value for key, value in site.job.items() if key != "devices"}
@@ -117,7 +130,20 @@ def assemble(flags: dict, spec_file: str | None = None,
     job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name, "origins": origins})
     sites.check_limits(job, site)
     specmod.check_script(job, doc)
+    check_resume(job)
+    written = ((f"the site profile {site.source}", defaults), (f"the spec {spec_file}", file_layer),
+               ("--env NAME=VALUE", flag_layer))
+    sources = {name: where for where, layer in written for name in layer.get("env", {})}
+    secret_env.check_literals(job, site, allow_literal_secrets, sources)
     return job, site
+
+
+def check_resume(job: JobSpec) -> None:
+    """Raise UsageError unless ``resume`` is never, auto or an existing checkpoint (a file or a folder)."""
+    if job.resume not in contract.RESUME_MODES and not os.path.exists(job.resume):
+        raise UsageError(f"{job.blame('resume')}: no such checkpoint.", "The path is misspelled, or relative to"
+                         " another folder (spec paths are relative to the spec file).",
+                         "Pass never, auto, or the path of an existing checkpoint file or folder.")
 
 
 def context(environ: Mapping[str, str]) -> Context:
@@ -125,12 +151,14 @@ def context(environ: Mapping[str, str]) -> Context:
     return Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0)
 
 
-def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None) -> LaunchPlan:
+def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
+             allow_literal_secrets: bool = False) -> LaunchPlan:
     """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes.
 
-    Raises UsageError (SpecError for a spec file) for bad input or a world the allocation cannot hold.
+    Raises UsageError (SpecError for a spec file) for bad input, a world the allocation cannot hold, a secret
+    with a literal value (unless ``allow_literal_secrets``) or one that ``environ`` does not set.
     """
-    job, site = assemble(flags, spec_file, environ)
+    job, site = assemble(flags, spec_file, environ, allow_literal_secrets)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     launched = world.resolve(job, site, alloc)
     plan = build(job, site, launched, context(environ))
@@ -140,5 +168,7 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
 
 def plan_in(job: JobSpec, site: SiteProfile, alloc: Allocation, python: str) -> LaunchPlan:
     """The plan ``job`` would get inside ``alloc`` (a requested allocation, before submission): the same
-    checks as ``sprite run`` in the job. Raises UsageError for a world the allocation cannot hold."""
-    return build(job, site, world.resolve(job, site, alloc), Context(python=python))
+    checks as ``sprite run`` in the job. Variables the job takes from the submitting environment get empty
+    stand-ins (submit checks they are set). Raises UsageError for a world the allocation cannot hold."""
+    stand_ins = dict.fromkeys(secret_env.from_caller(job), "")
+    return build(job, site, world.resolve(job, site, alloc), Context(python=python, environ=stand_ins))

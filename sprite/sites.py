@@ -1,7 +1,8 @@
 """Site profiles: what sprite knows about a machine, as data in conf/<name>.yaml (never hostname checks).
 
-A profile says which scheduler and MPI flavour the site has, how ranks bind to cores, and the job defaults
-(accelerator, ranks per node, launcher, environment) under ``job:``.
+A profile says which scheduler and MPI flavour the site has, how ranks bind to cores, the job defaults
+(accelerator, ranks per node, launcher, environment) under ``job:``, and which variable names are secrets
+(``secret_patterns:``, shell-style; default ``secret_env.DEFAULT_PATTERNS``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
-from sprite import block_limits, scheduler_block, schedulers
+from sprite import block_limits, scheduler_block, schedulers, secret_env
 from sprite import scheduler_values as sv
 from sprite import spec as specmod
 from sprite import values as v
@@ -20,12 +21,12 @@ from sprite.errors import SpecError, UsageError, one_line, show
 
 PROFILE_KEYS = (
     "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "limits", "job", "submit",
-    "queues",
+    "queues", "secret_patterns",
 )
 SCALARS = {"name": sv.name, "description": v.string,
            "scheduler": lambda value, complain: v.choice(schedulers.names())(value, complain),  # the registry now
            "mpi": v.choice(specmod.MPI_FLAVOURS[1:]), "cpu_bind": sv.token, "depth": v.per_node,
-           "cpus_per_task": v.per_node}
+           "cpus_per_task": v.per_node, "secret_patterns": v.text_list}
 # Site facts that bound a job: nodes of the machine, ranks a node can hold (its hardware threads).
 LIMITS = {"max_nodes": v.nodes, "max_ranks_per_node": v.ranks_per_node}
 
@@ -45,6 +46,7 @@ class SiteProfile:
     job: dict = field(default_factory=dict)
     submit: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)
+    secret_patterns: tuple[str, ...] = secret_env.DEFAULT_PATTERNS
     source: str = ""
     origins: dict = field(default_factory=dict, compare=False, repr=False)  # job: key -> "file:line: key 'job.k'"
 

@@ -40,9 +40,13 @@ class JobSpec:
     mpi: str = "auto"
     site: str = "local"
     env: dict = field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()  # names whose values come from the launching (or submitting) environment
+    secrets: tuple[str, ...] = ()  # names of secrets: values from that environment, masked when printed
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
+    resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
     # Where each value was written ("job.yaml:3: key 'nodes'", "--nodes"), so a later refusal can name it.
     origins: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -62,7 +66,8 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": v.string, "args": v.arguments, "nodes": v.nodes, "devices": v.ranks_per_node,
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
-    "exclude": v.hosts, "master_port": v.port, "scheduler": v.mapping,
+    "pass_env": v.env_names, "secrets": v.env_names, "exclude": v.hosts, "master_port": v.port,
+    "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -83,11 +88,13 @@ def check_values(values: dict, complain_for: Callable[[str], Complain]) -> dict:
 def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     """Validated fields of a spec file (or of a profile's ``job:`` block, given ``section``).
 
-    Relative ``script`` paths resolve against the file's folder. Raises SpecError naming file, line and key.
+    Relative ``script`` and ``resume`` paths resolve against the file's folder. Raises SpecError naming file,
+    line and key.
     """
     checked = check_values(doc.mapping(section), doc.complainer(section))
-    if "script" in checked:
-        checked["script"] = absolute(Path(doc.source).parent / checked["script"])
+    for key in ("script", "resume"):
+        if key in checked and (key == "script" or checked[key] not in contract.RESUME_MODES):
+            checked[key] = absolute(Path(doc.source).parent / checked[key])
     return checked
 
 
@@ -110,20 +117,24 @@ def from_flags(flags: dict) -> dict:
     given = {key: value for key, value in flags.items() if value is not None}
 
     def complain_for(key: str) -> Complain:
-        flag = "--" + key.replace("_", "-")
+        flag = {"pass_env": "--env", "secrets": "--secret"}.get(key, "--" + key.replace("_", "-"))
         return lambda what, allowed="": UsageError(f"Option {flag}: {what}", "", f"Allowed: {allowed}." if allowed else "")
 
     return check_values(given, complain_for)
 
 
 def merge(*layers: dict) -> JobSpec:
-    """Build a JobSpec from validated layers, later layers winning; ``env`` and ``scheduler`` merge by key."""
+    """Build a JobSpec from validated layers, later layers winning; ``env`` and ``scheduler`` merge by key,
+    ``pass_env`` and ``secrets`` add up (a later layer never drops a secret an earlier one named)."""
     spec = JobSpec()
     for layer in layers:
         changes = dict(layer)
         for key in ("env", "scheduler"):
             if key in changes:
                 changes[key] = {**getattr(spec, key), **changes[key]}
+        for key in ("pass_env", "secrets"):
+            if key in changes:
+                changes[key] = tuple(dict.fromkeys((*getattr(spec, key), *changes[key])))
         spec = replace(spec, **changes)
     return spec
 

@@ -3,8 +3,10 @@
 A submission is planned in full before anything is written: the spec and the site are checked, and the launch
 that ``sprite run`` will make inside the job is planned for the requested allocation (nodes and ranks per node of
 the scheduler block, the exclude list, the strategy), so a job that cannot launch is refused here, not after
-waiting in the queue. The only effects are ``sprite.jobfiles`` (a new script name per submission) and
-``sprite.clients`` (the scheduler's commands, with a deadline).
+waiting in the queue. The only effects are ``sprite.jobfiles`` (a new script name per submission, the script
+0600 and its folder 0700 when sprite creates it) and ``sprite.clients`` (the scheduler's commands, with a
+deadline). The script holds no secret's value: the submit command gets those through its environment and runs
+with umask 077, the default job umask of PBS Pro, so the job's log is owner-only too.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 
-from sprite import allocation, clients, jobfiles, jobscript, plan, scheduler_block, schedulers, sites, spec, yamldoc
+from sprite import allocation, clients, jobfiles, jobscript, plan, scheduler_block, schedulers, secret_env, sites
+from sprite import spec, yamldoc
 from sprite.errors import UsageError, one_line, show
 from sprite.scheduler_block import SchedulerBlock
 from sprite.schedulers.base import Scheduler
@@ -23,18 +26,27 @@ from sprite.schedulers.base import Scheduler
 
 @dataclass(frozen=True)
 class Prepared:
-    """A rendered job script and where it and its log go. ``kind`` names its batch system."""
+    """A rendered job script and where it and its log go. ``kind`` names its batch system.
+
+    ``pass_env`` names the variables the job takes from the submitting environment; ``literals`` holds the
+    values of secrets the spec wrote itself (allowed by --allow-literal-secrets), given to the submit command
+    through its environment and never printed.
+    """
 
     kind: str
     text: str
     script_path: str
     log_path: str
     block: SchedulerBlock | None = None
-    body: tuple = ()  # (run argv, ranks per node, spec path, working folder): what render needs besides the block
+    body: tuple = ()  # (run argv, ranks per node, spec path, working folder, export lines): for render
+    pass_env: tuple = ()
+    secrets: tuple = ()
+    literals: dict = field(default_factory=dict, repr=False)
 
     def restem(self, stem: str) -> "Prepared":
         """The same job under the file name stem ``stem`` (its script and log paths change, nothing else)."""
-        return _render(self.kind, replace(self.block, stem=stem), *self.body)
+        again = _render(self.kind, replace(self.block, stem=stem), *self.body)
+        return replace(again, pass_env=self.pass_env, secrets=self.secrets, literals=self.literals)
 
 
 def locate_spec(name: str) -> str:
@@ -59,11 +71,11 @@ def _script_path(block: SchedulerBlock, scheduler: Scheduler) -> str:
     return os.path.join(block.output_dir, block.stem + scheduler.script_suffix)
 
 
-def _render(kind: str, block: SchedulerBlock, argv, devices, spec_path, cwd) -> Prepared:
+def _render(kind: str, block: SchedulerBlock, argv, devices, spec_path, cwd, exports) -> Prepared:
     scheduler = schedulers.get(kind)
-    text = jobscript.render(block, argv, devices, spec_path, cwd)
+    text = jobscript.render(block, argv, devices, spec_path, cwd, exports)
     return Prepared(kind, text, _script_path(block, scheduler), scheduler.log_path(block), block,
-                    (argv, devices, spec_path, cwd))
+                    (argv, devices, spec_path, cwd, exports))
 
 
 def _plan_launch(job, site, scheduler: Scheduler, block: SchedulerBlock, devices: int, python: str) -> None:
@@ -73,28 +85,36 @@ def _plan_launch(job, site, scheduler: Scheduler, block: SchedulerBlock, devices
     plan.plan_in(job, site, scheduler.requested_allocation(hosts, devices), python)
 
 
-def prepare(spec_name: str, kind: str, cwd: str | None = None) -> Prepared:
+def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_secrets: bool = False) -> Prepared:
     """Validate the spec for the batch system ``kind``, plan its launch and render its script (for the first
-    free file name). Writes nothing. Raises UsageError / SpecError."""
+    free file name). Writes nothing.
+
+    Raises UsageError / SpecError (a secret with a literal value unless ``allow_literal_secrets``).
+    """
     cwd = cwd or os.getcwd()
     scheduler = schedulers.get(kind)
     spec_file = locate_spec(spec_name)
     doc = yamldoc.load(spec_file)
-    job, site = plan.assemble({}, spec_file, environ={})
+    job, site = plan.assemble({}, spec_file, environ={}, allow_literal_secrets=allow_literal_secrets)
     site_scheduler = schedulers.get(site.scheduler)
     if site_scheduler.submit_program and site_scheduler is not scheduler:
         raise UsageError(f"The site {site.name} schedules jobs with {site.scheduler.upper()}, not {kind.upper()}.",
                          f"sprite {scheduler.submit_program} was used with a spec for {site.name}.",
                          f"Use sprite {site_scheduler.submit_program} {show(spec_name)}, or set site: to a "
                          f"{kind.upper()} site.")
-    block = scheduler_block.resolve(kind, doc, site, job, cwd)
+    file_layer = spec.from_document(doc)
+    secret = secret_env.names(job, site)
+    literals = {name: value for name, value in file_layer.get("env", {}).items() if name in secret}
+    passed = tuple(dict.fromkeys((*literals, *job.pass_env, *job.secrets)))
+    block = replace(scheduler_block.resolve(kind, doc, site, job, cwd), pass_env=passed)
     python = block.python or sys.executable
     devices = jobscript.ranks_per_node(job, site)
     _plan_launch(job, site, scheduler, block, devices, python)
-    argv = jobscript.run_argv(python, site, spec.from_document(doc), job)
-    body = (argv, devices, spec.absolute(spec_file), cwd)
+    argv = jobscript.run_argv(python, site, file_layer, job)
+    body = (argv, devices, spec.absolute(spec_file), cwd, jobscript.exports(file_layer, secret))
     stem = jobfiles.free_stem(block.job_name, lambda s: _paths(replace(block, stem=s), scheduler))
-    return _render(kind, replace(block, stem=stem), *body)
+    prepared = _render(kind, replace(block, stem=stem), *body)
+    return replace(prepared, pass_env=passed, secrets=job.secrets, literals=literals)
 
 
 def _paths(block: SchedulerBlock, scheduler: Scheduler) -> tuple[str, str]:
@@ -105,11 +125,12 @@ def submit(prepared: Prepared) -> tuple[str, Prepared]:
     """Write the script under a new name and submit it; return the job id and what was submitted.
 
     A refused submission removes the script and the folders it created, so the user's files are as they were.
-    Raises UsageError (missing command, unusable output folder, refused job), ClientTimeout (kept script: the
-    job may exist).
+    Raises UsageError (missing command, a variable to pass that this environment does not set, unusable output
+    folder, refused job), ClientTimeout (kept script: the job may exist).
     """
     scheduler = schedulers.get(prepared.kind)
     command = clients.program(scheduler.submit_program, scheduler)
+    secret_env.missing([n for n in prepared.pass_env if n not in prepared.literals], os.environ, prepared.secrets)
     written = jobfiles.Written()
     jobfiles.output_folder(prepared.block.output_dir, written)
     try:
@@ -118,7 +139,8 @@ def submit(prepared: Prepared) -> tuple[str, Prepared]:
             prepared = prepared.restem(jobfiles.free_stem(block.job_name, lambda s: _paths(replace(block, stem=s),
                                                                                              scheduler)))
         argv = scheduler.submit_argv(command, prepared.script_path, prepared.log_path)
-        done = clients.run(argv, f"{scheduler.submit_program} {prepared.script_path}")
+        env = {**os.environ, **prepared.literals}  # with umask 077 (clients.call): the job's log is owner-only
+        done = clients.run(argv, f"{scheduler.submit_program} {prepared.script_path}", env)
     except clients.ClientTimeout as err:
         raise clients.ClientTimeout(f"{err.what} The job may have been submitted all the same: check the queue "
                                     f"before submitting again (the script stays at {prepared.script_path}).",

@@ -89,6 +89,28 @@ def choice(options: tuple[str, ...]):
     return check
 
 
+def switch(options: tuple[str, ...]):
+    """``choice(options)`` that also takes a Python bool (True: the first option, False: the second), for
+    options that read as on and off. A spec's ``on``/``yes`` is text here (sprite.yamldoc), never a bool."""
+    plain = choice(options)
+
+    def check(value: Any, complain: Complain) -> str:
+        return options[0 if value else 1] if isinstance(value, bool) else plain(value, complain)
+    return check
+
+
+def text_list(value: Any, complain: Complain) -> tuple[str, ...]:
+    """A list of one-line texts (e.g. shell-style patterns), or one comma-separated string."""
+    items = [part for part in value.split(",") if part] if isinstance(value, str) else value
+    if not isinstance(items, list) or any(scalar_text(item) is None for item in items):
+        raise complain(f"{show(value)} is not a list of strings.", "a YAML list such as [a, b]")
+    words = tuple(scalar_text(item) for item in items)
+    bad = next((word for word in words if control_char(word)), None)
+    if bad is not None:
+        raise complain(f"{show(bad)} holds a control character.", "printable text")
+    return words
+
+
 def string(value: Any, complain: Complain) -> str:
     """Non-empty text without control characters (a path or a name)."""
     if not isinstance(value, str) or not value:
@@ -136,6 +158,12 @@ def hosts(value: Any, complain: Complain) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _not_owned(name: str, complain: Complain) -> None:
+    if name in OWNED_ENV or name.startswith("SPRITE_"):
+        raise complain(f"{name} is set by sprite itself for every rank.", OWNED_HINT.get(
+            name, "another name (sprite plans MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and SPRITE_*)"))
+
+
 def env(value: Any, complain: Complain) -> dict:
     """NAME: value pairs for every rank. Names are ASCII; the variables sprite plans itself are refused."""
     if not isinstance(value, dict):
@@ -145,9 +173,7 @@ def env(value: Any, complain: Complain) -> dict:
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise complain(f"{show(name)} is not a valid environment variable name.",
                            "ASCII letters, digits and _, not starting with a digit")
-        if name in OWNED_ENV or name.startswith("SPRITE_"):
-            raise complain(f"{name} is set by sprite itself for every rank.", OWNED_HINT.get(
-                name, "another name (sprite plans MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and SPRITE_*)"))
+        _not_owned(name, complain)
         text = str(val).lower() if isinstance(val, bool) else scalar_text(val)
         if text is None and isinstance(val, float):
             text = repr(val)
@@ -156,6 +182,25 @@ def env(value: Any, complain: Complain) -> dict:
             raise complain(f"{name}={show(val)} is not a one-line scalar value.", "a string or number")
         out[name] = text
     return out
+
+
+def env_names(value: Any, complain: Complain) -> tuple[str, ...]:
+    """Environment variable names (``secrets:``, ``pass_env:``): a list or a comma-separated string."""
+    items = [part for part in value.split(",") if part] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise complain(f"{show(value)} is not a list of variable names.", "a YAML list such as [HF_TOKEN, WANDB_API_KEY]")
+    for item in items:
+        if not ENV_NAME.fullmatch(item):
+            raise complain(f"{show(item)} is not an environment variable name.", "ASCII letters, digits and _, "
+                           "not starting with a digit")
+        _not_owned(item, complain)
+    return tuple(dict.fromkeys(items))
+
+
+def resume(value: Any, complain: Complain) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise complain(f"{show(value)} is not never, auto or a checkpoint path.", "never, auto, or a checkpoint path")
+    return value.strip()
 
 
 def mapping(value: Any, complain: Complain) -> dict:

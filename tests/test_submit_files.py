@@ -114,7 +114,7 @@ def test_every_pbs_submission_gets_its_own_script_and_log(tmp_path, fake_bin):
     assert [Path(p.script_path).name for p in done] == ["train-1.pbs", "train-2.pbs"]
     assert [Path(p.log_path).name for p in done] == ["train-1.log", "train-2.log"]
     assert f"#PBS -o {done[1].log_path}\n" in Path(done[1].script_path).read_text()
-    assert stat.S_IMODE(os.stat(done[0].script_path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(done[0].script_path).st_mode) == 0o600  # owner-only (sprite.owner_only)
 
 
 @pytest.mark.parametrize("output_dir, fragment", [
