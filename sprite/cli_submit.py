@@ -76,16 +76,16 @@ def register(app: typer.Typer) -> None:
                                 "Example: sprite status 1234")
     def status(job_id: str = job_id_arg, scheduler: Optional[str] = scheduler_opt,
                site: Optional[str] = site_opt):
-        from sprite import submit
+        from sprite import clients
 
-        typer.echo(submit.status(_job_id(job_id), submit.pick(_kind(scheduler), site)))
+        typer.echo(clients.status(_job_id(job_id), clients.pick(_kind(scheduler), site)))
 
     @app.command("cancel", help="Cancel a job (qdel / scancel).\n\nExample: sprite cancel 1234")
     def cancel(job_id: str = job_id_arg, scheduler: Optional[str] = scheduler_opt,
                site: Optional[str] = site_opt):
-        from sprite import submit
+        from sprite import clients
 
-        submit.cancel(_job_id(job_id), submit.pick(_kind(scheduler), site))
+        clients.cancel(_job_id(job_id), clients.pick(_kind(scheduler), site))
         typer.echo(f"cancel requested for job {job_id}")
 
 

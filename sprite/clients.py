@@ -1,4 +1,5 @@
-"""Running a scheduler's client commands (qsub, sbatch, qstat, squeue, scontrol, qdel, scancel).
+"""Running a scheduler's client commands (qsub, sbatch, qstat, squeue, scontrol, qdel, scancel), and with them
+``sprite status`` and ``sprite cancel``.
 
 Every call is an argument list (never a shell), has a deadline (a hung client must not hang sprite), reads its
 output as UTF-8 with undecodable bytes replaced, and turns every failure into one bounded line.
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 
+from sprite import schedulers, sites
 from sprite.errors import UsageError, one_line
 from sprite.schedulers.base import Scheduler
 
@@ -86,3 +88,31 @@ def run(argv: list[str], what: str | None, env: dict | None = None) -> subproces
                          "The scheduler refused the request or is not reachable from here.",
                          "Fix what its message names (the spec or the job id), or run this on the site's login node.")
     return done
+
+
+def pick(name: str | None, site_name: str | None) -> Scheduler:
+    """The batch system to ask: the flag, else the site's, else whichever client is on PATH."""
+    if name:
+        return schedulers.get(name)
+    site_scheduler = schedulers.get(sites.load(site_name).scheduler) if site_name else None
+    if site_scheduler is not None and site_scheduler.submit_program:
+        return site_scheduler
+    for scheduler in schedulers.by_client_probe():
+        if shutil.which(scheduler.status_program):
+            return scheduler
+    clients_text = " nor ".join(f"{s.status_program} ({s.label})" for s in schedulers.by_client_probe())
+    raise UsageError(f"Neither {clients_text} is on PATH.", "This machine has no scheduler client.",
+                     "Run this on a login node of the site that runs the job, or pass --scheduler.")
+
+
+def status(job_id: str, scheduler: Scheduler) -> str:
+    """The scheduler's view of ``job_id``, control characters escaped (a job name may hold a terminal escape).
+    Raises UsageError when the command is missing or knows no such job."""
+    text = scheduler.status(job_id, run, lambda name: program(name, scheduler))
+    return "\n".join(one_line(row, 1000) for row in text.splitlines())
+
+
+def cancel(job_id: str, scheduler: Scheduler) -> None:
+    """Cancel ``job_id``. Raises UsageError when the command is missing or refuses."""
+    argv = scheduler.cancel_argv(job_id, lambda name: program(name, scheduler))
+    run(argv, f"{os.path.basename(argv[0])} {job_id}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sprite import contract
+from sprite import env_values as ev
 from sprite import values as v
 from sprite.errors import Complain, UsageError, one_line, show
 from sprite.yamldoc import YamlDoc
@@ -65,8 +66,8 @@ FIELD_NAMES = tuple(f.name for f in fields(JobSpec) if f.name != "origins")
 CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": v.string, "args": v.arguments, "nodes": v.nodes, "devices": v.ranks_per_node,
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
-    "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
-    "pass_env": v.env_names, "secrets": v.env_names, "exclude": v.hosts, "master_port": v.port,
+    "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": ev.env,
+    "pass_env": ev.env_names, "secrets": ev.env_names, "exclude": v.hosts, "master_port": v.port,
     "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
 }
 assert set(CHECKS) == set(FIELD_NAMES)

@@ -5,21 +5,20 @@ that ``sprite run`` will make inside the job is planned for the requested alloca
 the scheduler block, the exclude list, the strategy), so a job that cannot launch is refused here, not after
 waiting in the queue. The only effects are ``sprite.jobfiles`` (a new script name per submission, the script
 0600 and its folder 0700 when sprite creates it) and ``sprite.clients`` (the scheduler's commands, with a
-deadline). The script holds no secret's value: the submit command gets those through its environment and runs
+deadline; ``sprite status`` and ``sprite cancel`` live there). The script holds no secret's value: the submit command gets those through its environment and runs
 with umask 077, the default job umask of PBS Pro, so the job's log is owner-only too.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field, replace
 from importlib import resources
 
-from sprite import allocation, clients, jobfiles, jobscript, plan, scheduler_block, schedulers, secret_env, sites
-from sprite import spec, yamldoc
-from sprite.errors import UsageError, one_line, show
+from sprite import allocation, clients, jobfiles, jobscript, plan, scheduler_block, schedulers, secret_env, spec
+from sprite import yamldoc
+from sprite.errors import UsageError, show
 from sprite.scheduler_block import SchedulerBlock
 from sprite.schedulers.base import Scheduler
 
@@ -154,31 +153,3 @@ def submit(prepared: Prepared) -> tuple[str, Prepared]:
                          "The scheduler accepted nothing, or printed something sprite cannot read.",
                          f"Check its queue; the script stays at {prepared.script_path}.")
     return job_id, prepared
-
-
-def pick(name: str | None, site_name: str | None) -> Scheduler:
-    """The batch system to ask: the flag, else the site's, else whichever client is on PATH."""
-    if name:
-        return schedulers.get(name)
-    site_scheduler = schedulers.get(sites.load(site_name).scheduler) if site_name else None
-    if site_scheduler is not None and site_scheduler.submit_program:
-        return site_scheduler
-    for scheduler in schedulers.by_client_probe():
-        if shutil.which(scheduler.status_program):
-            return scheduler
-    clients_text = " nor ".join(f"{s.status_program} ({s.label})" for s in schedulers.by_client_probe())
-    raise UsageError(f"Neither {clients_text} is on PATH.", "This machine has no scheduler client.",
-                     "Run this on a login node of the site that runs the job, or pass --scheduler.")
-
-
-def status(job_id: str, scheduler: Scheduler) -> str:
-    """The scheduler's view of ``job_id``, control characters escaped (a job name may hold a terminal escape).
-    Raises UsageError when the command is missing or knows no such job."""
-    text = scheduler.status(job_id, clients.run, lambda name: clients.program(name, scheduler))
-    return "\n".join(one_line(row, 1000) for row in text.splitlines())
-
-
-def cancel(job_id: str, scheduler: Scheduler) -> None:
-    """Cancel ``job_id``. Raises UsageError when the command is missing or refuses."""
-    argv = scheduler.cancel_argv(job_id, lambda name: clients.program(name, scheduler))
-    clients.run(argv, f"{os.path.basename(argv[0])} {job_id}")

@@ -1,5 +1,5 @@
-"""Every value checker of a job spec, a site profile and the command line, except the directive-bound ones of a
-``scheduler:`` block (``sprite.directive_values``).
+"""Value checkers of a job spec, a site profile and the command line; a job's environment variables have theirs
+in ``sprite.env_values``, a ``scheduler:`` block's directive-bound values in ``sprite.scheduler_values``.
 
 Each checker takes the raw value and ``complain(what, allowed)`` and returns the clean value or raises what
 ``complain`` builds (a SpecError naming file, line and key, or a UsageError naming the flag). Raw values are
@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import hostlist
 
-from sprite import contract
 from sprite.errors import Complain, show
 
 INTEGER = re.compile(r"-?([0-9]+)")  # ASCII digits: str.isdigit() also accepts "²", which int() then refuses
@@ -26,9 +25,6 @@ HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
 # a site profile's limits: block narrows them to its own facts.
 MAX_NODES = 200_000
 MAX_RANKS_PER_NODE = 1024
-# Variables sprite plans itself for every rank (plan.environment): a spec's env: must not try to set them.
-OWNED_ENV = (contract.MASTER_ADDR, contract.MASTER_PORT, "PYTHONSAFEPATH", *contract.RANK_VARS, *contract.ALL)
-OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it"}
 
 
 def control_char(text: str) -> str | None:
@@ -156,45 +152,6 @@ def hosts(value: Any, complain: Complain) -> tuple[str, ...]:
             raise complain(f"{show(bad)} is not a host name.", "letters, digits, _ . - (starting with a letter "
                            "or digit), or a bracket list such as nid[001-003,007]")
     return tuple(items)
-
-
-def _not_owned(name: str, complain: Complain) -> None:
-    if name in OWNED_ENV or name.startswith("SPRITE_"):
-        raise complain(f"{name} is set by sprite itself for every rank.", OWNED_HINT.get(
-            name, "another name (sprite plans MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and SPRITE_*)"))
-
-
-def env(value: Any, complain: Complain) -> dict:
-    """NAME: value pairs for every rank. Names are ASCII; the variables sprite plans itself are refused."""
-    if not isinstance(value, dict):
-        raise complain(f"{show(value)} is not a mapping.", "NAME: value pairs")
-    out = {}
-    for name, val in value.items():
-        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-            raise complain(f"{show(name)} is not a valid environment variable name.",
-                           "ASCII letters, digits and _, not starting with a digit")
-        _not_owned(name, complain)
-        text = str(val).lower() if isinstance(val, bool) else scalar_text(val)
-        if text is None and isinstance(val, float):
-            text = repr(val)
-        bad = control_char(text.replace("\t", " ")) if text is not None else None
-        if text is None or bad:
-            raise complain(f"{name}={show(val)} is not a one-line scalar value.", "a string or number")
-        out[name] = text
-    return out
-
-
-def env_names(value: Any, complain: Complain) -> tuple[str, ...]:
-    """Environment variable names (``secrets:``, ``pass_env:``): a list or a comma-separated string."""
-    items = [part for part in value.split(",") if part] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise complain(f"{show(value)} is not a list of variable names.", "a YAML list such as [HF_TOKEN, WANDB_API_KEY]")
-    for item in items:
-        if not ENV_NAME.fullmatch(item):
-            raise complain(f"{show(item)} is not an environment variable name.", "ASCII letters, digits and _, "
-                           "not starting with a digit")
-        _not_owned(item, complain)
-    return tuple(dict.fromkeys(items))
 
 
 def resume(value: Any, complain: Complain) -> str:

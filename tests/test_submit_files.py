@@ -92,7 +92,7 @@ def _running(pid: int) -> bool:
 
 def test_client_output_that_is_not_utf8_is_read_and_escaped(tmp_path, fake_bin):
     fake_client(fake_bin, "squeue", r"printf '12 tr\377\376in \033[2J RUNNING 0:01 5:00 1 n1\n'" + "\n")
-    text = submit.status("12", submit.pick("slurm", None))
+    text = clients.status("12", clients.pick("slurm", None))
     assert "tr\ufffd\ufffdin \\x1b[2J RUNNING" in text and "\x1b" not in text  # a job name cannot clear a screen
 
 
