@@ -15,7 +15,8 @@ from sprite.values import ENV_NAME, control_char, scalar_text
 
 # Variables sprite plans itself for every rank (plan.environment): a spec's env: must not try to set them.
 OWNED_ENV = (contract.MASTER_ADDR, contract.MASTER_PORT, "PYTHONSAFEPATH", *contract.RANK_VARS, *contract.ALL)
-OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it"}
+OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it",
+              contract.RUN_DIR: "--run-dir DIR to choose the run folder"}
 
 
 def _not_owned(name: str, complain: Complain) -> None:

@@ -32,6 +32,7 @@ class Context:
     environ: dict = field(default_factory=dict)
     is_root: bool = False
     pick_free_port: Callable[[], int] = rendezvous.free_port  # called only when nothing else fixes the port
+    run_env: dict = field(default_factory=dict)  # this invocation's contract variables: run folder, attempt
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.RESUME: spec.resume,
         contract.CHECKS: spec.checks,
     })
+    env.update(ctx.run_env)
     return env
 
 
@@ -146,14 +148,16 @@ def check_resume(job: JobSpec) -> None:
                          "Pass never, auto, or the path of an existing checkpoint file or folder.")
 
 
-def context(environ: Mapping[str, str]) -> Context:
-    """The launching process's facts (interpreter, environment, root or not)."""
-    return Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0)
+def context(environ: Mapping[str, str], run_env: Mapping[str, str] | None = None) -> Context:
+    """The launching process's facts (interpreter, environment, root or not, this invocation's run variables)."""
+    return Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0,
+                   run_env=dict(run_env or {}))
 
 
 def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
-             allow_literal_secrets: bool = False) -> LaunchPlan:
-    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes.
+             allow_literal_secrets: bool = False, run_env: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes; ``run_env``
+    (run folder, attempt) goes to every rank.
 
     Raises UsageError (SpecError for a spec file) for bad input, a world the allocation cannot hold, a secret
     with a literal value (unless ``allow_literal_secrets``) or one that ``environ`` does not set.
@@ -161,7 +165,7 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     job, site = assemble(flags, spec_file, environ, allow_literal_secrets)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     launched = world.resolve(job, site, alloc)
-    plan = build(job, site, launched, context(environ))
+    plan = build(job, site, launched, context(environ, run_env))
     notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
     return replace(plan, notes=notes)
 

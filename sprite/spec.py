@@ -48,6 +48,11 @@ class JobSpec:
     resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
     checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
+    stall_timeout: float | None = None  # seconds without progress that stop the run (exit 124); None: no watchdog
+    first_step_timeout: float | None = None  # the allowance from launch to the end of the first step
+    save_timeout: float | None = None  # the allowance for one checkpoint save
+    retries: int = 0  # relaunches after a failure
+    spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
     # Where each value was written ("job.yaml:3: key 'nodes'", "--nodes"), so a later refusal can name it.
     origins: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -69,6 +74,8 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": ev.env,
     "pass_env": ev.env_names, "secrets": ev.env_names, "exclude": v.hosts, "master_port": v.port,
     "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
+    "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
+    "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 

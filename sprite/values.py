@@ -21,6 +21,7 @@ from sprite.errors import Complain, show
 INTEGER = re.compile(r"-?([0-9]+)")  # ASCII digits: str.isdigit() also accepts "²", which int() then refuses
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
+DECIMAL = re.compile(r"[0-9]{1,12}(\.[0-9]{0,12})?([eE][+-]?[0-9]{1,3})?")  # ASCII, no "_", "inf" or "nan"
 # Ceilings above any machine (the largest has about 160,000 nodes; Aurora 10,624 nodes of 208 hardware threads):
 # a site profile's limits: block narrows them to its own facts.
 MAX_NODES = 200_000
@@ -64,6 +65,7 @@ nodes = whole(1, MAX_NODES)
 ranks_per_node = whole(1, MAX_RANKS_PER_NODE)
 per_node = whole(1, MAX_RANKS_PER_NODE)  # cores, GPUs or threads of one node
 port = whole(1024, 65535, "the unprivileged port range 1024..65535")
+non_negative_int = whole(0, MAX_NODES)  # retries, spare nodes
 
 
 def flag(value: Any, complain: Complain) -> bool:
@@ -105,6 +107,15 @@ def text_list(value: Any, complain: Complain) -> tuple[str, ...]:
     if bad is not None:
         raise complain(f"{show(bad)} holds a control character.", "printable text")
     return words
+
+
+def duration(value: Any, complain: Complain) -> float:
+    """Seconds, a positive finite decimal number (``600``, ``0.5``, ``1e3``; an int or a float from Python)."""
+    text = scalar_text(value) if not isinstance(value, float) else repr(value)
+    number = float(text) if text is not None and DECIMAL.fullmatch(text) else None
+    if number is None or not 0 < number < float("inf"):
+        raise complain(f"{show(value)} is not a positive number of seconds.", "seconds above 0, e.g. 600")
+    return number
 
 
 def string(value: Any, complain: Complain) -> str:

@@ -54,6 +54,10 @@ class Scheduler:
         """The allocation a job script asks for, as ``sprite run`` inside the job will see it (for planning)."""
         return Allocation(self.name, "planned", hosts, None, None, planned=True)
 
+    def restart_count(self, environ: Mapping[str, str]) -> int:
+        """How many times the system has started this job again (a requeue); 0 for its first run."""
+        return 0
+
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts this job was granted. Raises UsageError when the job's variables are unusable."""
         raise NotImplementedError

@@ -58,6 +58,11 @@ class Slurm(Scheduler):
                      **dict.fromkeys(("--dependency", "-d"), "dependency"), "--signal": "preempt_signal",
                      **dict.fromkeys(("--requeue", "--no-requeue"), "requeue")}
 
+    def restart_count(self, environ: Mapping[str, str]) -> int:
+        # 1 in the first rerun of a requeued job (seen here: `scontrol requeue` with the FACTS.md slurm.conf)
+        count = environ.get("SLURM_RESTART_COUNT", "")
+        return int(count) if re.fullmatch(r"[0-9]{1,9}", count) else 0  # ASCII: "²".isdigit() is True
+
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts of SLURM_JOB_NODELIST. Raises UsageError when the node list is missing or unreadable."""
         job_id = check_job_id(self.job_variable, environ[self.job_variable])
