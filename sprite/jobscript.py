@@ -1,5 +1,7 @@
 """A job script: the scheduler's directives, the spec's setup lines, and the ``sprite run`` command it runs.
 
+Setup lines are trusted shell, run with the user's rights (``sprite.scheduler_values`` says what is checked).
+
 The template is package data (``sprite.launch_templates/job.sh.tmpl``) filled with ``string.Template``.
 Directives come from the scheduler module (directive-safe tokens only); every word of the body goes through
 ``shlex.quote``. The job runs ``python -m sprite run`` with the fields written in the spec file and the site
@@ -17,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from sprite import contract, schedulers, secret_env, values, world
-from sprite.errors import UsageError
+from sprite.errors import UsageError, show
 from sprite.scheduler_block import SchedulerBlock
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
@@ -32,7 +34,7 @@ def check_text(key: str, text: str) -> str:
     bad = values.control_char(text)
     if bad:
         raise UsageError(
-            f"{key} = {text!r} holds the control character {bad!r}.",
+            f"{key} = {show(text)} holds the control character {bad!r}.",
             "A newline or control character in a job script would end the line it is written on.",
             "Remove it from the spec (YAML block scalars | and > keep newlines).",
         )

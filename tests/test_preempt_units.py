@@ -182,10 +182,10 @@ def test_job_scripts_pass_the_signal_requeue_and_resume_auto(tmp_path):
     (tmp_path / "t.py").write_text("")
     text = submit.prepare(str(spec), "slurm", cwd=str(tmp_path)).text
     assert "#SBATCH --signal=B:USR2@60\n#SBATCH --open-mode=append\n#SBATCH --requeue\n" in text
-    assert f"export SPRITE_JOB_SCRIPT={tmp_path}/sprite-jobs/j.sbatch\n" in text
+    assert f"export SPRITE_JOB_SCRIPT={tmp_path}/sprite-jobs/j-1.sbatch\n" in text
     assert "--resume auto --preempt-signal USR2 --requeue " in text
     pbs_text = submit.prepare(str(spec), "pbs", cwd=str(tmp_path)).text
-    assert "#PBS -r y" in pbs_text and f"export SPRITE_JOB_SCRIPT={tmp_path}/sprite-jobs/j.pbs\n" in pbs_text
+    assert "#PBS -r y" in pbs_text and f"export SPRITE_JOB_SCRIPT={tmp_path}/sprite-jobs/j-1.pbs\n" in pbs_text
     assert 'kill -s USR2 "$sprite_pid"' in pbs_text and "--preempt-signal USR2 --requeue" in pbs_text
     spec.write_text(spec.read_text() + "resume: never\n")
     with pytest.raises(UsageError, match="resume: never with scheduler.requeue: true"):
