@@ -192,20 +192,23 @@ def _preempt_and_finish(cluster, root: Path, tag: str, job_id: str, scancel_flag
     wait_held(root / f"hold-{tag}", lambda: cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"))
     subprocess.run(["scancel", *scancel_flags, "--signal=USR1", job_id], env=cluster.env, check=True, timeout=60)
     if "--batch" in scancel_flags:  # to `sprite run`, which says so before it passes the signal to srun
-        wait_for(root / "sprite-jobs" / f"{tag}-{job_id}.log", "sprite: received SIGUSR1; passing it to the launcher.")
+        wait_for(root / "sprite-jobs" / f"{tag}-1-{job_id}.log", "sprite: received SIGUSR1; passing it to the launcher.")
     time.sleep(SETTLE)  # scancel returns once slurmctld has the request; the ranks get it from their slurmstepd
     (root / f"hold-{tag}" / "go").touch()
     deadline, lifted = time.monotonic() + 400, False
     while time.monotonic() < deadline:
         info = cluster.job(job_id)
         if info.get("Restarts") == "1" and info.get("JobState") == "PENDING" and not lifted:
-            # Slurm holds a requeued job for cred_expire (120 s); an operator may start it at once.
+            # Slurm holds a requeued job for cred_expire (120 s); an operator may start it at once, but not in
+            # the second of the requeue: slurmd refuses a credential made in the second its job's credentials
+            # were revoked ("Killing non-startable batch JobId=1: Job credential revoked", slurmctld.log here).
+            time.sleep(2)
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env, check=True)
             lifted = True
         if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
         time.sleep(0.5)
-    log = root / "sprite-jobs" / f"{tag}-{job_id}.log"
+    log = root / "sprite-jobs" / f"{tag}-1-{job_id}.log"
     folder = root / "sprite-runs"
     runs = sorted(folder.iterdir(), key=lambda p: audit.read(p / "audit.jsonl")[0]["time"]) if folder.is_dir() else []
     return {"info": info, "lifted": lifted, "log": log.read_text() if log.exists() else "", "runs": runs}
