@@ -29,9 +29,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def master_addr(environ: Mapping[str, str], hosts: tuple[str, ...]) -> str:
-    """MASTER_ADDR if set, else the first host of the allocation."""
-    return environ.get("MASTER_ADDR") or hosts[0]
+def master_addr(environ: Mapping[str, str], hosts: tuple[str, ...], domain: str | None = None) -> str:
+    """MASTER_ADDR if set, else the first host of the allocation; with ``domain`` (a site's high-speed network,
+    e.g. ``hsn.cm.aurora.alcf.anl.gov``) that host's short name in it, so the rendezvous runs over that network."""
+    if environ.get("MASTER_ADDR"):
+        return environ["MASTER_ADDR"]
+    return f"{hosts[0].split('.')[0]}.{domain}" if domain else hosts[0]
 
 
 def master_port(environ: Mapping[str, str], job_id: str, explicit: int | None,

@@ -10,14 +10,16 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from sprite import scheduler_block, schedulers
+from sprite import scheduler_block, schedulers, values
 from sprite import spec as specmod
 from sprite import yamldoc
 from sprite.errors import UsageError
 
 PROFILE_KEYS = (
-    "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "job", "submit", "queues",
+    "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "rendezvous_domain",
+    "require_account", "job", "submit", "queues",
 )
+ACCOUNT_RULES = ("refuse", "warn")  # require_account: what sprite qsub/sbatch does with a spec that names none
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class SiteProfile:
     cpu_bind: str | None = None
     depth: int | None = None
     cpus_per_task: int | None = None
+    rendezvous_domain: str | None = None  # MASTER_ADDR = <first host's short name>.<this domain>
+    require_account: str | None = None  # "refuse" or "warn" when a submission names no account
     job: dict = field(default_factory=dict)
     submit: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)
@@ -68,6 +72,12 @@ def load(name: str) -> SiteProfile:
                         ", ".join(schedulers.names()))
     if data.get("mpi", "hydra") not in specmod.MPI_FLAVOURS[1:]:
         raise doc.error(("mpi",), f"{data['mpi']!r} is not a known MPI flavour.", ", ".join(specmod.MPI_FLAVOURS[1:]))
+    if data.get("require_account") not in (None, *ACCOUNT_RULES):
+        raise doc.error(("require_account",), f"{data['require_account']!r} is not an account rule.",
+                        ", ".join(ACCOUNT_RULES))
+    for key in ("rendezvous_domain", "cpu_bind"):
+        if key in data:
+            data[key] = values.token(data[key], doc.complainer(())(key))
     data["job"] = specmod.from_document(doc, ("job",)) if "job" in data else {}
     # submit: job-script defaults (scheduler_block.checks() keys); queues: {name: {min_nodes, max_nodes, max_walltime}}
     kind = data.get("scheduler", "none")
