@@ -16,8 +16,11 @@ LAUNCHER = "SPRITE_LAUNCHER"  # one of LAUNCHER_FLAVOURS
 HOSTS = "SPRITE_HOSTS"  # comma-separated hosts in node-rank order (node rank = index of this host)
 JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
 SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
+LOG_DIR = "SPRITE_LOG_DIR"  # set when each rank writes its own output to LOG_DIR/rank<N>.log
+CONSOLE_RANKS = "SPRITE_CONSOLE_RANKS"  # set when only these ranks may print to the console ("0", "0,3-5")
 
-ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE)
+ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, LOG_DIR,
+       CONSOLE_RANKS)
 
 # Values both halves accept for SPRITE_ACCELERATOR and SPRITE_STRATEGY ("auto": decide inside the rank).
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")

@@ -20,7 +20,8 @@ from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
 
 TEMPLATE = "job.sh.tmpl"
-VALUE_FLAGS = ("nodes", "devices", "accelerator", "strategy", "precision", "launcher", "mpi", "master_port")
+VALUE_FLAGS = ("nodes", "devices", "accelerator", "strategy", "precision", "launcher", "mpi", "master_port",
+               "cpu_bind", "log_dir", "ranks")
 
 
 def check_text(key: str, text: str) -> str:

@@ -12,11 +12,11 @@ import os
 import shlex
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from sprite import allocation, contract, launchers, rendezvous, sites, world, yamldoc
+from sprite import allocation, contract, devicecount, launchers, rank_output, rendezvous, sites, world, yamldoc
 from sprite import spec as specmod
 from sprite.errors import UsageError
 from sprite.sites import SiteProfile
@@ -42,6 +42,8 @@ class LaunchPlan:
     env: dict[str, str]
     world: World
     cwd: str | None = None
+    notes: tuple[str, ...] = ()  # what the user should know before the ranks start (console filter, log files)
+    log_dir: str | None = None  # every rank's DIR/rank<N>.log; made fresh before the ranks start
 
     def to_json(self) -> str:
         return json.dumps({"argv": self.argv, "env": self.env}, indent=2)
@@ -55,6 +57,7 @@ class LaunchPlan:
             f"hosts      {hosts}",
             f"scheduler  {w.alloc.scheduler}" + (f", job {w.alloc.job_id}" if w.alloc.job_id else ""),
             "command    " + shlex.join(self.argv),
+            *(f"output     {note}" for note in self.notes),
             "environment",
         ]
         lines += [f"  {key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
@@ -69,7 +72,7 @@ def rank_command(spec: JobSpec, ctx: Context) -> list[str]:
 def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> dict[str, str]:
     """Every variable sprite sets or overrides for the ranks: site and spec env, rendezvous and the contract."""
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
-    addr = "127.0.0.1" if local else rendezvous.master_addr(ctx.environ, world.hosts)
+    addr = "127.0.0.1" if local else rendezvous.master_addr(ctx.environ, world.hosts, site.rendezvous_domain)
     port = rendezvous.master_port(ctx.environ, world.alloc.job_id, spec.master_port, ctx.pick_free_port)
     env = {**spec.env}
     env.update({
@@ -91,14 +94,18 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.JOB_ID: world.alloc.job_id,
         contract.SITE: site.name,
     })
+    env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
     return env
 
 
 def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> LaunchPlan:
     """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments."""
     env = environment(spec, site, world, ctx)
+    site = replace(site, cpu_bind=spec.cpu_bind) if spec.cpu_bind else site
     argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
-    return LaunchPlan(argv, env, world)
+    argv = rank_output.launch_argv(world.flavour, argv, world.size, spec.log_dir, spec.ranks, ctx.python)
+    return LaunchPlan(argv, env, world, notes=tuple(rank_output.notes(world.size, spec.log_dir, spec.ranks)),
+                      log_dir=spec.log_dir)
 
 
 def assemble(flags: dict, spec_file: str | None = None,
@@ -106,8 +113,9 @@ def assemble(flags: dict, spec_file: str | None = None,
     """Merge site profile defaults, the spec file and validated flags. Raises UsageError / SpecError."""
     file_layer = specmod.from_document(yamldoc.load(spec_file)) if spec_file else {}
     flag_layer = specmod.from_flags(flags)
-    if "script" in flag_layer:
-        flag_layer["script"] = str(Path(flag_layer["script"]).resolve())
+    for key in ("script", "log_dir"):
+        if key in flag_layer:
+            flag_layer[key] = str(Path(flag_layer[key]).resolve())
     site_name = flag_layer.get("site") or file_layer.get("site") or environ.get("SPRITE_SITE") or "local"
     site = sites.load(site_name)
     # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
@@ -141,5 +149,8 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     """
     job, site = assemble(flags, spec_file, environ)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
-    launched = world.resolve(job, site, alloc)
+    here = None
+    if alloc.scheduler == "none" and not job.devices and not site.job.get("devices"):
+        here = devicecount.default_ranks(job.accelerator, environ)  # as Trainer(devices="auto") would
+    launched = world.resolve(job, site, alloc, here)
     return build(job, site, launched, context(environ))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from sprite import contract
+from sprite import contract, rank_output
 from sprite import values as v
 from sprite.errors import Complain, UsageError
 from sprite.yamldoc import YamlDoc
@@ -42,6 +42,9 @@ class JobSpec:
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
     scheduler: dict = field(default_factory=dict)
+    log_dir: str | None = None  # one output file per rank, DIR/rank<N>.log
+    ranks: str | None = None  # console filter: "0", "all" or a list; None: all up to 16 ranks, else 0
+    cpu_bind: str | None = None  # the launcher's --cpu-bind value, over the site profile's
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
@@ -51,7 +54,8 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": v.string, "args": v.string_list, "nodes": v.positive_int, "devices": v.positive_int,
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
-    "exclude": v.string_list, "master_port": v.port, "scheduler": v.mapping,
+    "exclude": v.string_list, "master_port": v.port, "scheduler": v.mapping, "log_dir": v.string,
+    "ranks": rank_output.check_ranks, "cpu_bind": v.token,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -75,8 +79,9 @@ def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     Relative ``script`` paths resolve against the file's folder. Raises SpecError naming file, line and key.
     """
     checked = check_values(doc.mapping(section), doc.complainer(section))
-    if "script" in checked:
-        checked["script"] = str((Path(doc.source).parent / checked["script"]).resolve())
+    for key in ("script", "log_dir"):
+        if key in checked:
+            checked[key] = str((Path(doc.source).parent / checked[key]).resolve())
     return checked
 
 

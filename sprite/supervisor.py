@@ -1,9 +1,10 @@
 """sprite's local launcher: start N ranks on this machine, label their output, and never leave one behind.
 
-    python -m sprite.supervisor --nproc 2 [--log-dir DIR] -- python -m sprite.runtime train.py
+    python -m sprite.supervisor --nproc 2 [--log-dir DIR] [--ranks 0] -- python -m sprite.runtime train.py
 
 Each rank gets RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (WORLD_SIZE and the rendezvous come from the
-plan's environment). Output lines are prefixed ``[rank N]``. When a rank fails, the others are stopped
+plan's environment). Output lines are prefixed ``[rank N]``; only the ranks ``--ranks`` names reach the
+console, every rank's lines go to ``DIR/rank<N>.log`` (a new file) with ``--log-dir``. When a rank fails, the others are stopped
 (SIGTERM, then SIGKILL after a grace period) and the supervisor exits with the failed rank's code.
 SIGINT/SIGTERM sent to the supervisor are forwarded to every rank.
 """
@@ -21,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from sprite import rank_output
+
 GRACE_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1
 
@@ -36,17 +39,21 @@ def _die_with_parent() -> None:
 
 def _pump(stream, sink, prefix: bytes, log, lock: threading.Lock) -> None:
     for line in iter(stream.readline, b""):
-        with lock:
-            sink.write(prefix + line)
-            sink.flush()
+        if sink is not None:
+            with lock:
+                sink.write(prefix + line)
+                sink.flush()
         if log:
             log.write(line)
             log.flush()
     stream.close()
 
 
-def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock) -> tuple:
-    """Start one rank with its own process group; returns (Popen, pump threads, log file)."""
+def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock, console: bool = True) -> tuple:
+    """Start one rank with its own process group; returns (Popen, pump threads, log file).
+
+    Raises FileExistsError when ``log_dir`` already holds this rank's log (logs are never appended to).
+    """
     env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc),
            "NODE_RANK": "0", "GROUP_RANK": "0", "PYTHONUNBUFFERED": "1"}
     env.setdefault("WORLD_SIZE", str(nproc))
@@ -55,10 +62,11 @@ def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=_die_with_parent)
-    log = open(log_dir / f"rank{rank}.log", "ab") if log_dir else None
+    log = open(log_dir / f"rank{rank}.log", "xb") if log_dir else None
     prefix = f"[rank {rank}] ".encode()
+    sinks = (sys.stdout.buffer, sys.stderr.buffer) if console else (None, None)
     pumps = [threading.Thread(target=_pump, args=(s, sink, prefix, log, lock), daemon=True)
-             for s, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
+             for s, sink in zip((proc.stdout, proc.stderr), sinks)]
     for pump in pumps:
         pump.start()
     return proc, pumps, log
@@ -108,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sprite.supervisor", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
     parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log")
+    parser.add_argument("--ranks", default="all", help="ranks whose lines reach the console: all, 0 or a list")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -115,13 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need --nproc >= 1 and a command after --")
     if args.log_dir:
         args.log_dir.mkdir(parents=True, exist_ok=True)
+        if any((args.log_dir / f"rank{rank}.log").exists() for rank in range(args.nproc)):
+            parser.error(f"{args.log_dir} already holds rank logs; pass a fresh --log-dir")
     received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: received.append(signum))
     if not shutil.which(cmd[0]):
         parser.error(f"cannot run {cmd[0]!r}: no such program on PATH")
     lock = threading.Lock()
-    started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock) for rank in range(args.nproc)]
+    shown = set(rank_output.members(args.ranks, args.nproc))
+    started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock, rank in shown) for rank in range(args.nproc)]
     code = supervise([proc for proc, _, _ in started], received)
     for _, pumps, log in started:
         for pump in pumps:
