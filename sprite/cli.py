@@ -7,17 +7,28 @@ from typing import List, Optional
 
 import typer
 
+from sprite.cli_options import Accelerator, Launcher, MpiFlavour, Precision, Strategy, commas, value, version
 from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+    add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
     help="Launch PyTorch Lightning scripts on supercomputers and prove the distributed run is right.\n\n"
          "Example: sprite run --devices 2 examples/train.py --max-steps 20",
 )
 
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", callback=version, is_eager=True,
+                                            help="Print sprite's version and exit.")) -> None:
+    """Launch PyTorch Lightning scripts on supercomputers and prove the distributed run is right."""
+
+
 RUN_HELP = """Start every rank of SCRIPT inside this PBS or Slurm allocation, or on this machine.
 
 sprite's options come before SCRIPT; everything after SCRIPT goes to the script unchanged.
+Each rank's lines carry its rank (the launcher's own label); --log-dir DIR keeps one file per rank;
+above 16 ranks the console shows rank 0 only (--ranks all shows every rank). Without a scheduler,
+--devices defaults to one rank per visible GPU, as Trainer(devices="auto"), and 1 on a CPU-only machine.
 
 \b
 Examples:
@@ -34,16 +45,25 @@ def run(
     args: Optional[List[str]] = typer.Argument(None, help="arguments passed to the script"),
     spec: Optional[str] = typer.Option(None, "--spec", help="job spec YAML; flags override it"),
     site: Optional[str] = typer.Option(None, "--site", help="site profile: aurora, polaris, perlmutter, local or a path"),
-    nodes: Optional[str] = typer.Option(None, "--nodes", help="nodes (Lightning num_nodes); default: the whole allocation"),
-    devices: Optional[str] = typer.Option(None, "--devices", help="ranks per node; default: allocation or site"),
-    accelerator: Optional[str] = typer.Option(None, "--accelerator", help="auto|xpu|cuda|cpu"),
-    strategy: Optional[str] = typer.Option(None, "--strategy", help="auto|single|ddp|fsdp"),
-    precision: Optional[str] = typer.Option(None, "--precision", help="e.g. 32-true, bf16-mixed, 16-mixed"),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="auto|mpiexec|srun|torchrun|local"),
-    mpi: Optional[str] = typer.Option(None, "--mpi", help="mpiexec flavour: auto|pals|hydra|openmpi"),
-    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes (Lightning num_nodes); default: the whole allocation"),
+    devices: Optional[int] = typer.Option(
+        None, "--devices", help="ranks per node; default: the allocation's, else the site's, else (no scheduler) one "
+        "per visible GPU as Trainer(devices=\"auto\") counts them, 1 on a CPU-only machine"),
+    accelerator: Optional[Accelerator] = typer.Option(None, "--accelerator", help="device type of every rank"),
+    strategy: Optional[Strategy] = typer.Option(None, "--strategy", help="auto keeps the script's own"),
+    precision: Optional[Precision] = typer.Option(None, "--precision", help="auto keeps the script's own"),
+    launcher: Optional[Launcher] = typer.Option(None, "--launcher", help="what starts the ranks"),
+    mpi: Optional[MpiFlavour] = typer.Option(None, "--mpi", help="mpiexec flavour"),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list; "
+                                                "nid[001235,001237] stays one host list)"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
-    master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    master_port: Optional[int] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    cpu_bind: Optional[str] = typer.Option(None, "--cpu-bind", help="the launcher's --cpu-bind value (mpiexec, srun); "
+                                           "default: the site profile's"),
+    log_dir: Optional[str] = typer.Option(None, "--log-dir", help="write every rank's output to DIR/rank<N>.log "
+                                          "(a fresh folder)"),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="ranks shown on the console: 0, all or a list such as "
+                                        "0,3-5; default: all up to 16 ranks, else 0"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> None:
@@ -56,30 +76,27 @@ def run(
         raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
-        "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
-        "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+        "accelerator": value(accelerator), "strategy": value(strategy), "precision": value(precision),
+        "launcher": value(launcher), "mpi": value(mpi), "site": site, "exclude": commas(exclude),
+        "env": _env_pairs(env), "master_port": master_port, "cpu_bind": cpu_bind, "log_dir": log_dir,
+        "ranks": ranks,
     }
     launch = plan.plan_run(flags, spec_file=spec)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return
+    _before_launch(launch)
     execute.exec_plan(launch)
 
 
-@app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"
-                         "Example: sprite env --json")
-def env_command(
-    site: Optional[str] = typer.Option(None, "--site", help="site profile to apply"),
-    json_out: bool = typer.Option(False, "--json", help="print JSON"),
-) -> None:
-    from sprite import envinfo
+def _before_launch(launch) -> None:
+    """Make the rank-log folder (refusing one with old logs) and tell the user where the ranks' output goes."""
+    from sprite import ranklog
 
-    info = envinfo.detect(site)
-    typer.echo(envinfo.to_json(info) if json_out else envinfo.describe(info))
-
-
-def _commas(values: Optional[List[str]]) -> Optional[list]:
-    return [part for value in values for part in value.split(",") if part] if values else None
+    if launch.log_dir:
+        ranklog.prepare(launch.log_dir)
+    for note in launch.notes:
+        print(f"sprite: {note}", file=sys.stderr, flush=True)
 
 
 def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
