@@ -7,6 +7,7 @@ commands (the scheduler module names them) as argument lists, never through a sh
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,13 @@ class Prepared:
     text: str
     script_path: str
     log_path: str
+    launch: tuple[str, ...] = ()  # the launch `sprite run` plans inside the job (placeholder hosts and job id)
+    warnings: tuple[str, ...] = ()  # what the site would object to without refusing the job
+
+    def dry_run_text(self) -> str:
+        """The script, then the launch line inside the job as shell comments (so it stays a valid script)."""
+        return (self.text + "# sprite --dry-run: inside the job, `sprite run` will start (hosts and job id as the "
+                "scheduler grants them):\n# " + shlex.join(self.launch) + "\n")
 
 
 def locate_spec(name: str) -> str:
@@ -56,11 +64,23 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None) -> Prepared:
                          f"Use sprite {site_scheduler.submit_program} {spec_name}, or set site: to a {kind.upper()} "
                          "site.")
     block = scheduler_block.resolve(kind, doc, site, job, cwd)
-    argv = jobscript.run_argv(block.python or sys.executable, site, spec.from_document(doc), job)
+    warning = scheduler_block.check_account(block, site, doc)
+    python = block.python or sys.executable
+    argv = jobscript.run_argv(python, site, spec.from_document(doc), job)
     devices = jobscript.ranks_per_node(job, site)
     text = jobscript.render(block, argv, devices, str(Path(spec_file).resolve()), cwd)
     script = os.path.join(block.output_dir, block.job_name + scheduler.script_suffix)
-    return Prepared(kind, text, script, scheduler.log_path(block))
+    launch = _launch_inside(job, site, scheduler, block.nodes, devices, python)
+    return Prepared(kind, text, script, scheduler.log_path(block), tuple(launch), (warning,) if warning else ())
+
+
+def _launch_inside(job, site, scheduler: Scheduler, nodes: int, devices: int, python: str) -> list[str]:
+    """The argv `sprite run` will build inside the job, planned in a stand-in of the allocation it will get."""
+    from sprite import world
+
+    alloc = scheduler.planned_allocation(nodes, devices)
+    ctx = plan.Context(python=python, environ={}, is_root=False, pick_free_port=lambda: 0)
+    return plan.build(job, site, world.resolve(job, site, alloc), ctx).argv
 
 
 def program(name: str, scheduler: Scheduler) -> str:
@@ -116,6 +136,11 @@ def pick(name: str | None, site_name: str | None) -> Scheduler:
 def status(job_id: str, scheduler: Scheduler) -> str:
     """The scheduler's view of ``job_id``. Raises UsageError when the command is missing or knows no such job."""
     return scheduler.status(job_id, _run, lambda name: program(name, scheduler))
+
+
+def status_record(job_id: str, scheduler: Scheduler) -> dict:
+    """``job_id`` as one record of the scheduler's own JSON. Raises UsageError (missing command, unknown job)."""
+    return scheduler.status_record(job_id, _run, lambda name: program(name, scheduler))
 
 
 def cancel(job_id: str, scheduler: Scheduler) -> None:
