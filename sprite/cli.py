@@ -58,6 +58,10 @@ def run(
                                                 "nid[001235,001237] stays one host list)"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
+                                         " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
+    no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
+    strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     cpu_bind: Optional[str] = typer.Option(None, "--cpu-bind", help="the launcher's --cpu-bind value (mpiexec, srun); "
                                            "default: the site profile's"),
     log_dir: Optional[str] = typer.Option(None, "--log-dir", help="write every rank's output to DIR/rank<N>.log "
@@ -74,12 +78,16 @@ def run(
                          "See 'sprite run --help' for the options.")
     if json_out and not dry_run:
         raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
+    if no_checks and strict:
+        raise UsageError("--no-checks and --strict contradict each other.", "--strict turns the checks' warnings"
+                         " into errors; --no-checks turns the checks off.", "Give one of them.")
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": value(accelerator), "strategy": value(strategy), "precision": value(precision),
         "launcher": value(launcher), "mpi": value(mpi), "site": site, "exclude": commas(exclude),
-        "env": _env_pairs(env), "master_port": master_port, "cpu_bind": cpu_bind, "log_dir": log_dir,
-        "ranks": ranks,
+        "env": _env_pairs(env), "master_port": master_port, "resume": resume,
+        "checks": "off" if no_checks else ("strict" if strict else None), "cpu_bind": cpu_bind,
+        "log_dir": log_dir, "ranks": ranks,
     }
     launch = plan.plan_run(flags, spec_file=spec)
     if dry_run:
@@ -113,11 +121,13 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
     from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    app.add_typer(ckpt_app, name="ckpt")
 
 
 _mount_subcommands()

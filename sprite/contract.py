@@ -16,15 +16,22 @@ LAUNCHER = "SPRITE_LAUNCHER"  # one of LAUNCHER_FLAVOURS
 HOSTS = "SPRITE_HOSTS"  # comma-separated hosts in node-rank order (node rank = index of this host)
 JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
 SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
+CHECKS = "SPRITE_CHECKS"  # one of CHECK_MODES: the fit-start contract checks warn, are off, or are errors
 LOG_DIR = "SPRITE_LOG_DIR"  # set when each rank writes its own output to LOG_DIR/rank<N>.log
 CONSOLE_RANKS = "SPRITE_CONSOLE_RANKS"  # set when only these ranks may print to the console ("0", "0,3-5")
 
-ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, LOG_DIR,
-       CONSOLE_RANKS)
+# Per-run options the runtime reads whether or not the world variables above are set.
+RESUME = "SPRITE_RESUME"  # never | auto | a checkpoint path (Trainer.fit's ckpt_path)
+RUN_DIR = "SPRITE_RUN_DIR"  # a folder holding the run's audit.jsonl; unset: no audit records from the ranks
+RESUME_MODES = ("never", "auto")  # or a path
+
+ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS,
+       LOG_DIR, CONSOLE_RANKS)
 
 # Values both halves accept for SPRITE_ACCELERATOR and SPRITE_STRATEGY ("auto": decide inside the rank).
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
+CHECK_MODES = ("on", "off", "strict")  # SPRITE_CHECKS; "on" when unset
 
 # Launcher flavours a plan can be built for; the runtime resolves ranks differently for each.
 LAUNCHER_FLAVOURS = ("local", "pals", "hydra", "openmpi", "srun", "torchrun")

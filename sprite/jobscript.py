@@ -59,6 +59,7 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec) -> 
         argv += ["--env", f"{name}={value}"]
     if file_layer.get("exclude"):
         argv += ["--exclude", ",".join(file_layer["exclude"])]
+    argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(file_layer.get("checks", "on"), [])
     return argv + [job.script or "", *job.args]
 
 

@@ -93,6 +93,8 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.HOSTS: ",".join(world.hosts),
         contract.JOB_ID: world.alloc.job_id,
         contract.SITE: site.name,
+        contract.RESUME: spec.resume,
+        contract.CHECKS: spec.checks,
     })
     env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
     return env
@@ -116,13 +118,24 @@ def assemble(flags: dict, spec_file: str | None = None,
     for key in ("script", "log_dir"):
         if key in flag_layer:
             flag_layer[key] = str(Path(flag_layer[key]).resolve())
+    if flag_layer.get("resume", "never") not in contract.RESUME_MODES:
+        flag_layer["resume"] = str(Path(flag_layer["resume"]).resolve())
     site_name = flag_layer.get("site") or file_layer.get("site") or environ.get("SPRITE_SITE") or "local"
     site = sites.load(site_name)
     # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
     defaults = {key: value for key, value in site.job.items() if key != "devices"}
     job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name})
     check_script(job.script)
+    check_resume(job.resume)
     return job, site
+
+
+def check_resume(resume: str) -> None:
+    """Raise UsageError unless ``resume`` is never, auto or an existing checkpoint (a file or a folder)."""
+    if resume not in contract.RESUME_MODES and not os.path.exists(resume):
+        raise UsageError(f"--resume {resume}: no such checkpoint.", "The path is misspelled, or relative to"
+                         " another folder (spec paths are relative to the spec file).",
+                         "Pass never, auto, or the path of an existing checkpoint file or folder.")
 
 
 def check_script(script: str | None) -> None:

@@ -41,7 +41,9 @@ class JobSpec:
     env: dict = field(default_factory=dict)
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
+    resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
     log_dir: str | None = None  # one output file per rank, DIR/rank<N>.log
     ranks: str | None = None  # console filter: "0", "all" or a list; None: all up to 16 ranks, else 0
     cpu_bind: str | None = None  # the launcher's --cpu-bind value, over the site profile's
@@ -54,8 +56,9 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": v.string, "args": v.string_list, "nodes": v.positive_int, "devices": v.positive_int,
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
-    "exclude": v.string_list, "master_port": v.port, "scheduler": v.mapping, "log_dir": v.string,
-    "ranks": rank_output.check_ranks, "cpu_bind": v.token,
+    "exclude": v.string_list, "master_port": v.port, "resume": v.resume, "scheduler": v.mapping,
+    "checks": v.switch(contract.CHECK_MODES), "log_dir": v.string, "ranks": rank_output.check_ranks,
+    "cpu_bind": v.token,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -76,11 +79,12 @@ def check_values(values: dict, complain_for: Callable[[str], Complain]) -> dict:
 def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     """Validated fields of a spec file (or of a profile's ``job:`` block, given ``section``).
 
-    Relative ``script`` paths resolve against the file's folder. Raises SpecError naming file, line and key.
+    Relative ``script`` and ``resume`` paths resolve against the file's folder. Raises SpecError naming file,
+    line and key.
     """
     checked = check_values(doc.mapping(section), doc.complainer(section))
-    for key in ("script", "log_dir"):
-        if key in checked:
+    for key in ("script", "resume", "log_dir"):
+        if key in checked and (key != "resume" or checked[key] not in contract.RESUME_MODES):
             checked[key] = str((Path(doc.source).parent / checked[key]).resolve())
     return checked
 

@@ -146,6 +146,16 @@ def choice(options: tuple[str, ...]):
     return check
 
 
+def switch(options: tuple[str, ...]):
+    """``choice(options)`` for options that start with "on" and "off", which a bare YAML on/off (or yes/no,
+    true/false) reaches as a boolean under yaml.safe_load (YAML 1.1)."""
+    plain = choice(options)
+
+    def check(value: Any, complain: Complain) -> str:
+        return options[0 if value else 1] if isinstance(value, bool) else plain(value, complain)
+    return check
+
+
 def positive_int(value: Any, complain: Complain) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
         raise complain(f"{value!r} is not a whole number.", "an integer of at least 1, e.g. 2")
@@ -186,6 +196,12 @@ def env(value: Any, complain: Complain) -> dict:
             raise complain(f"{name}={val!r} is not a scalar value.", "a string or number")
         out[name] = str(val).lower() if isinstance(val, bool) else str(val)
     return out
+
+
+def resume(value: Any, complain: Complain) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise complain(f"{value!r} is not never, auto or a checkpoint path.", "never, auto, or a checkpoint path")
+    return value.strip()
 
 
 def mapping(value: Any, complain: Complain) -> dict:

@@ -138,7 +138,7 @@ def test_compare_fails_clearly_on_a_corrupted_arm_result(fp32_2, tmp_path):
 def test_compare_fails_clearly_on_an_incomplete_arm(fp32_2, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(fp32_2[0], copy)
-    (copy / "fsdp" / "manifest.json").unlink()
+    (copy / "fsdp" / "sprite-manifest.json").unlink()
     code, text = invoke("compare", str(copy))
     assert code == 1 and "fsdp" in text and "manifest.json" in text
 
@@ -146,7 +146,7 @@ def test_compare_fails_clearly_on_an_incomplete_arm(fp32_2, tmp_path):
 def test_missing_fault_case_is_not_executed_and_fails(bf16_2, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(bf16_2[0], copy)
-    (copy / "fault_wrong-scale" / "fsdp" / "manifest.json").unlink()
+    (copy / "fault_wrong-scale" / "fsdp" / "sprite-manifest.json").unlink()
     code, _ = invoke("compare", str(copy))
     cases = _report(copy, "faults_report.json")["cases"]
     assert code == 1
@@ -155,10 +155,10 @@ def test_missing_fault_case_is_not_executed_and_fails(bf16_2, tmp_path):
 
 def test_rerun_into_a_used_directory_is_refused(fp32_2):
     out = fp32_2[0]
-    before = (out / "ddp" / "manifest.json").read_bytes()
+    before = (out / "ddp" / "sprite-manifest.json").read_bytes()
     code, text = invoke("run", "--out", str(out), "--devices", "2")
     assert code == 2 and "not empty" in text
-    assert (out / "ddp" / "manifest.json").read_bytes() == before
+    assert (out / "ddp" / "sprite-manifest.json").read_bytes() == before
 
 
 def test_reports_are_strict_json(bf16_2):

@@ -29,10 +29,13 @@ def run(argv: list[str]) -> None:
     if not os.path.isfile(script):
         raise UsageError(f"Script {script!r} does not exist.", "A relative path is read from the rank's working"
                          " directory.", f"Check the path (cwd: {os.getcwd()}).")
-    from sprite.runtime import config, pytorch_lightning_guard, registry, trainer_wrap
+    from sprite.runtime import ckpt_seal, config, pytorch_lightning_guard, registry, resume, rng_state, trainer_wrap
 
     cfg = config.from_env(os.environ)
     registry.register()
+    ckpt_seal.install()
+    rng_state.install()
+    resume.install(resume.mode(os.environ))
     if cfg is not None:
         trainer_wrap.install(cfg)
         pytorch_lightning_guard.install(cfg)

@@ -37,6 +37,15 @@ class DeviceType:
         """Devices of this type visible to this process (CPU counts as 1)."""
         return 1 if self.name == "cpu" else (self.module().device_count() if self.is_available() else 0)
 
+    def rng_state(self):
+        """The current device's random generator state (a uint8 tensor), ``None`` for CPU or no device."""
+        return self.module().get_rng_state() if self.name != "cpu" and self.is_available() else None
+
+    def set_rng_state(self, state) -> None:
+        """Restore what :meth:`rng_state` returned on the current device (nothing for ``None`` or CPU)."""
+        if state is not None and self.name != "cpu" and self.is_available():
+            self.module().set_rng_state(state)
+
 
 # Backend names come from the contract, which the launcher half (sprite env) reads without importing torch.
 DEVICE_TABLE: dict[str, DeviceType] = {name: DeviceType(name, BACKENDS[name], name) for name in ("xpu", "cuda", "cpu")}
