@@ -107,6 +107,18 @@ def _before_launch(launch) -> None:
         print(f"sprite: {note}", file=sys.stderr, flush=True)
 
 
+@app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"
+                         "Example: sprite env --json")
+def env_command(
+    site: Optional[str] = typer.Option(None, "--site", help="site profile to apply"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    from sprite import envinfo
+
+    info = envinfo.detect(site)
+    typer.echo(envinfo.to_json(info) if json_out else envinfo.describe(info))
+
+
 def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
     if not values:
         return None
