@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 
+from sprite import owner_only
 from sprite.parity.settings import DISTRIBUTED_ARMS, Settings
 
 
@@ -43,5 +44,5 @@ def launch_arm(out: pathlib.Path, arm: str, fault: str | None, settings: Setting
     from sprite.plan import plan_run
 
     plan = plan_run(arm_overrides(out, arm, fault, settings, threads))
-    log.parent.mkdir(parents=True, exist_ok=True)
+    owner_only.make_dirs(log.parent)
     return run_plan(plan, log_path=log)

@@ -16,7 +16,7 @@ import pathlib
 
 import numpy as np
 
-from sprite import integrity
+from sprite import integrity, owner_only
 from sprite.errors import SpriteError
 
 TENSORS = "tensors.npz"
@@ -62,7 +62,7 @@ def _names(world: int) -> list[str]:
 
 def claim(arm_dir: pathlib.Path, rank: int) -> None:
     """Checks, before any training, that this rank's files do not exist yet. Raises ResultError if they do."""
-    arm_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner_only.make_dirs(arm_dir)  # 0700, parents too
     for path in (arm_dir / f"rank{rank}.json", integrity.manifest_path(arm_dir), arm_dir / TENSORS if rank == 0 else None):
         if path and os.path.lexists(path):
             _refuse(path)

@@ -35,6 +35,7 @@ Examples:
   sprite run --devices 2 examples/train.py --max-steps 20     # 2 ranks on this machine
   sprite run --nodes 2 --strategy fsdp --site aurora train.py # inside a PBS job on Aurora
   sprite run --dry-run --json --devices 2 train.py            # print the plan, run nothing
+  sprite run --secret WANDB_API_KEY --devices 2 train.py      # a secret from this shell, never in argv
 """
 
 
@@ -56,7 +57,13 @@ def run(
     mpi: Optional[MpiFlavour] = typer.Option(None, "--mpi", help="mpiexec flavour"),
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list; "
                                                 "nid[001235,001237] stays one host list)"),
-    env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
+    env: Optional[List[str]] = typer.Option(
+        None, "--env", help="NAME: pass this shell's NAME to every rank; NAME=VALUE: set it (repeatable). A value "
+        "on the command line can be read by every user of this machine (process table, shell history): prefer NAME"),
+    secret: Optional[List[str]] = typer.Option(
+        None, "--secret", help="NAME: a secret from this shell's environment, printed masked (repeatable)"),
+    allow_literal_secrets: bool = typer.Option(
+        False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
@@ -85,11 +92,12 @@ def run(
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": value(accelerator), "strategy": value(strategy), "precision": value(precision),
         "launcher": value(launcher), "mpi": value(mpi), "site": site, "exclude": commas(exclude),
-        "env": _env_pairs(env), "master_port": master_port, "resume": resume,
+        "env": _env_pairs(env), "master_port": master_port, "pass_env": _env_names(env),
+        "secrets": list(secret) if secret else None, "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None), "cpu_bind": cpu_bind,
         "log_dir": log_dir, "ranks": ranks,
     }
-    launch = plan.plan_run(flags, spec_file=spec)
+    launch = plan.plan_run(flags, spec_file=spec, allow_literal_secrets=allow_literal_secrets)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return
@@ -120,26 +128,34 @@ def env_command(
 
 
 def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
-    if not values:
-        return None
+    """The ``--env NAME=VALUE`` options as a mapping (``--env NAME`` ones are ``_env_names``)."""
     pairs = {}
-    for value in values:
+    for value in values or ():
         name, sep, val = value.partition("=")
-        if not sep or not name:
-            raise UsageError(f"Option --env {value!r} is not NAME=VALUE.", "", "Write it as --env NAME=VALUE.")
-        pairs[name] = val
-    return pairs
+        if sep and not name:
+            raise UsageError("An --env option has a value but no NAME.", "",
+                             "Write it as --env NAME or --env NAME=VALUE.")
+        if sep:
+            pairs[name] = val
+    return pairs or None
+
+
+def _env_names(values: Optional[List[str]]) -> Optional[list]:
+    names = [value for value in values or () if "=" not in value]
+    return names or None
 
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
     from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
+    from sprite.parity.bench_cli import app as bench_app
     from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
     app.add_typer(ckpt_app, name="ckpt")
+    app.add_typer(bench_app, name="bench")
 
 
 _mount_subcommands()

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Mapping
 
-from sprite import allocation, contract, devicecount, sites, world
+from sprite import allocation, contract, devicecount, secret_env, sites, world
 
 
 def count_devices(environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys") -> tuple[str, int]:
@@ -19,11 +19,18 @@ def count_devices(environ: Mapping[str, str] = os.environ, sysfs: str | Path = "
 
 
 def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys") -> dict:
-    """A summary of scheduler, hosts, ranks per node, devices and backend. Raises UsageError for a bad site."""
+    """A summary of scheduler, hosts, ranks per node, devices, backend, the site's rank environment (secrets
+    masked) and the names of this environment's variables the site's patterns make secrets (values never shown).
+    Raises UsageError for a bad site."""
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     site = sites.load(site_name or environ.get("SPRITE_SITE") or "local")
     device, count = count_devices(environ, sysfs)
     accelerator = site.job.get("accelerator", "auto")
+    site_env = site.job.get("env", {})
+
+    def is_secret(name: str) -> bool:
+        return secret_env.is_secret(name, site.job.get("secrets", ()), site.secret_patterns)
+
     kind = device if accelerator == "auto" else accelerator
     here = devicecount.default_ranks(accelerator, environ, sysfs) if alloc.scheduler == "none" else None
     return {
@@ -40,6 +47,8 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
         "backend": contract.BACKENDS.get(kind, "gloo"),
         "mpiexec": shutil.which("mpiexec"),
         "srun": shutil.which("srun"),
+        "env": secret_env.mask(site_env, [n for n in site_env if is_secret(n)]),
+        "secrets_here": sorted(n for n in environ if is_secret(n)),
     }
 
 
@@ -58,5 +67,7 @@ def describe(info: dict) -> str:
         ("accelerator", f"{info['accelerator']} (backend {info['backend']})"),
         ("mpiexec", info["mpiexec"] or "not found"),
         ("srun", info["srun"] or "not found"),
+        ("site env", " ".join(f"{k}={v}" for k, v in info["env"].items()) or "none"),
+        ("secret vars", ", ".join(info["secrets_here"]) or "none"),
     ]
     return "\n".join(f"{name:<13}{value}" for name, value in rows)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sprite import owner_only
 from sprite.errors import UsageError
 from sprite.plan import LaunchPlan
 
@@ -46,11 +47,12 @@ def exec_plan(plan: LaunchPlan) -> None:
 
 
 def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: float | None = None) -> int:
-    """Run the plan as a child process and return its exit code; output goes to ``log_path`` if given.
+    """Run the plan as a child process and return its exit code; output goes to ``log_path`` if given (appended;
+    created 0600).
 
     Raises UsageError when the launcher program is missing; subprocess.TimeoutExpired after ``timeout``.
     """
     program = resolve_program(plan)
-    with open(log_path, "ab") if log_path is not None else contextlib.nullcontext() as log:
+    with owner_only.open_log(log_path) if log_path is not None else contextlib.nullcontext() as log:
         return subprocess.run([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, stdout=log,
                               stderr=subprocess.STDOUT if log else None, timeout=timeout).returncode

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from sprite import allocation, contract, devicecount, launchers, rank_output, rendezvous, sites, world, yamldoc
+from sprite import allocation, contract, devicecount, launchers, rank_output, rendezvous, secret_env, sites, world
+from sprite import yamldoc
 from sprite import spec as specmod
 from sprite.errors import UsageError
 from sprite.sites import SiteProfile
@@ -36,17 +37,21 @@ class Context:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """``argv`` to execute with ``env`` laid over the caller's environment; ``world`` is what it launches."""
+    """``argv`` to execute with ``env`` laid over the caller's environment; ``world`` is what it launches.
+
+    ``secret`` names the variables of ``env`` that are secrets: printed masked, and never part of ``argv``.
+    """
 
     argv: list[str]
     env: dict[str, str]
     world: World
     cwd: str | None = None
+    secret: frozenset = frozenset()
     notes: tuple[str, ...] = ()  # what the user should know before the ranks start (console filter, log files)
     log_dir: str | None = None  # every rank's DIR/rank<N>.log; made fresh before the ranks start
 
     def to_json(self) -> str:
-        return json.dumps({"argv": self.argv, "env": self.env}, indent=2)
+        return json.dumps({"argv": self.argv, "env": secret_env.mask(self.env, self.secret)}, indent=2)
 
     def describe(self) -> str:
         w = self.world
@@ -60,7 +65,8 @@ class LaunchPlan:
             *(f"output     {note}" for note in self.notes),
             "environment",
         ]
-        lines += [f"  {key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
+        shown = secret_env.mask(self.env, self.secret)
+        lines += [f"  {key}={shlex.quote(value)}" for key, value in sorted(shown.items())]
         return "\n".join(lines)
 
 
@@ -70,11 +76,12 @@ def rank_command(spec: JobSpec, ctx: Context) -> list[str]:
 
 
 def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> dict[str, str]:
-    """Every variable sprite sets or overrides for the ranks: site and spec env, rendezvous and the contract."""
+    """Every variable sprite sets or overrides for the ranks: site and spec env (secrets and ``pass_env`` names
+    with their values in ``ctx.environ``), rendezvous and the contract. Raises UsageError for an unset secret."""
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
     addr = "127.0.0.1" if local else rendezvous.master_addr(ctx.environ, world.hosts, site.rendezvous_domain)
     port = rendezvous.master_port(ctx.environ, world.alloc.job_id, spec.master_port, ctx.pick_free_port)
-    env = {**spec.env}
+    env = secret_env.resolve(spec, ctx.environ)
     env.update({
         # `python -m sprite.runtime` started in a source checkout would import the checkout's sprite/ (the cwd
         # comes first on sys.path), which lacks the subpackages installation maps in (sprite.parity, sprite.conf):
@@ -106,13 +113,16 @@ def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> Launc
     site = replace(site, cpu_bind=spec.cpu_bind) if spec.cpu_bind else site
     argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
     argv = rank_output.launch_argv(world.flavour, argv, world.size, spec.log_dir, spec.ranks, ctx.python)
-    return LaunchPlan(argv, env, world, notes=tuple(rank_output.notes(world.size, spec.log_dir, spec.ranks)),
-                      log_dir=spec.log_dir)
+    return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site),
+                      notes=tuple(rank_output.notes(world.size, spec.log_dir, spec.ranks)), log_dir=spec.log_dir)
 
 
-def assemble(flags: dict, spec_file: str | None = None,
-             environ: Mapping[str, str] = os.environ) -> tuple[JobSpec, SiteProfile]:
-    """Merge site profile defaults, the spec file and validated flags. Raises UsageError / SpecError."""
+def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, str] = os.environ,
+             allow_literal_secrets: bool = False) -> tuple[JobSpec, SiteProfile]:
+    """Merge site profile defaults, the spec file and validated flags.
+
+    Raises UsageError / SpecError; UsageError for a secret given a literal value unless ``allow_literal_secrets``.
+    """
     file_layer = specmod.from_document(yamldoc.load(spec_file)) if spec_file else {}
     flag_layer = specmod.from_flags(flags)
     for key in ("script", "log_dir"):
@@ -127,6 +137,10 @@ def assemble(flags: dict, spec_file: str | None = None,
     job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name})
     check_script(job.script)
     check_resume(job.resume)
+    written = ((f"the site profile {site.source}", defaults), (f"the spec {spec_file}", file_layer),
+               ("--env NAME=VALUE", flag_layer))
+    sources = {name: where for where, layer in written for name in layer.get("env", {})}
+    secret_env.check_literals(job, site, allow_literal_secrets, sources)
     return job, site
 
 
@@ -155,12 +169,14 @@ def context(environ: Mapping[str, str]) -> Context:
     return Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0)
 
 
-def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None) -> LaunchPlan:
+def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
+             allow_literal_secrets: bool = False) -> LaunchPlan:
     """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes.
 
-    Raises UsageError (SpecError for a spec file) for bad input or a world the allocation cannot hold.
+    Raises UsageError (SpecError for a spec file) for bad input, a world the allocation cannot hold, a secret
+    with a literal value (unless ``allow_literal_secrets``) or one that ``environ`` does not set.
     """
-    job, site = assemble(flags, spec_file, environ)
+    job, site = assemble(flags, spec_file, environ, allow_literal_secrets)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     here = None
     if alloc.scheduler == "none" and not job.devices and not site.job.get("devices"):

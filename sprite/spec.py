@@ -39,6 +39,8 @@ class JobSpec:
     mpi: str = "auto"
     site: str = "local"
     env: dict = field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()  # names whose values come from the launching (or submitting) environment
+    secrets: tuple[str, ...] = ()  # names of secrets: values from that environment, masked when printed
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
     resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
@@ -56,9 +58,9 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": v.string, "args": v.string_list, "nodes": v.positive_int, "devices": v.positive_int,
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
-    "exclude": v.string_list, "master_port": v.port, "resume": v.resume, "scheduler": v.mapping,
-    "checks": v.switch(contract.CHECK_MODES), "log_dir": v.string, "ranks": rank_output.check_ranks,
-    "cpu_bind": v.token,
+    "pass_env": v.env_names, "secrets": v.env_names, "exclude": v.string_list, "master_port": v.port,
+    "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES), "log_dir": v.string,
+    "ranks": rank_output.check_ranks, "cpu_bind": v.token,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -94,19 +96,23 @@ def from_flags(flags: dict) -> dict:
     given = {key: value for key, value in flags.items() if value is not None}
 
     def complain_for(key: str) -> Complain:
-        flag = "--" + key.replace("_", "-")
+        flag = {"pass_env": "--env", "secrets": "--secret"}.get(key, "--" + key.replace("_", "-"))
         return lambda what, allowed="": UsageError(f"Option {flag}: {what}", "", f"Allowed: {allowed}." if allowed else "")
 
     return check_values(given, complain_for)
 
 
 def merge(*layers: dict) -> JobSpec:
-    """Build a JobSpec from validated layers, later layers winning; ``env`` and ``scheduler`` merge by key."""
+    """Build a JobSpec from validated layers, later layers winning; ``env`` and ``scheduler`` merge by key,
+    ``pass_env`` and ``secrets`` add up (a later layer never drops a secret an earlier one named)."""
     spec = JobSpec()
     for layer in layers:
         changes = dict(layer)
         for key in ("env", "scheduler"):
             if key in changes:
                 changes[key] = {**getattr(spec, key), **changes[key]}
+        for key in ("pass_env", "secrets"):
+            if key in changes:
+                changes[key] = tuple(dict.fromkeys((*getattr(spec, key), *changes[key])))
         spec = replace(spec, **changes)
     return spec

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from sprite import rank_output
+from sprite import owner_only, rank_output
 
 GRACE_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1
@@ -62,7 +62,7 @@ def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=_die_with_parent)
-    log = open(log_dir / f"rank{rank}.log", "xb") if log_dir else None
+    log = owner_only.open_log(log_dir / f"rank{rank}.log") if log_dir else None
     prefix = f"[rank {rank}] ".encode()
     sinks = (sys.stdout.buffer, sys.stderr.buffer) if console else (None, None)
     pumps = [threading.Thread(target=_pump, args=(s, sink, prefix, log, lock), daemon=True)
@@ -115,7 +115,8 @@ def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sprite.supervisor", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
-    parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log")
+    parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log (0600, in 0700 "
+                        "folders when sprite creates them)")
     parser.add_argument("--ranks", default="all", help="ranks whose lines reach the console: all, 0 or a list")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
     args = parser.parse_args(argv)
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc < 1 or not cmd:
         parser.error("need --nproc >= 1 and a command after --")
     if args.log_dir:
-        args.log_dir.mkdir(parents=True, exist_ok=True)
+        owner_only.make_dirs(args.log_dir)
         if any((args.log_dir / f"rank{rank}.log").exists() for rank in range(args.nproc)):
             parser.error(f"{args.log_dir} already holds rank logs; pass a fresh --log-dir")
     received: list[int] = []

@@ -73,7 +73,7 @@ def test_nodes_beyond_allocation(sprite_cmd, clean_env, tmp_path, example_script
     (["--dry-run", "--ranks", "5-2"], "runs backwards"),
     (["--dry-run", "--cpu-bind", "a b"], "Option --cpu-bind: 'a b' cannot be written safely"),
     (["--dry-run", "--site", "frontier"], "Unknown site 'frontier'"),
-    (["--dry-run", "--env", "NOEQUALS"], "is not NAME=VALUE"),
+    (["--dry-run", "--env", "=VALUE"], "has a value but no NAME"),
     (["--dry-run", "--exclude", "h1"], "--exclude needs a PBS or Slurm allocation"),
     (["--dry-run", "--master-port", "80"], "outside the unprivileged port range"),
 ])

@@ -44,6 +44,12 @@ class Scheduler:
         """Where the system writes the job's output."""
         raise NotImplementedError
 
+    def pass_env_directives(self, names: tuple[str, ...]) -> list[str]:
+        """Directive lines that give the job ``names`` with their values in the submitting environment (the values
+        are never written). Without them a job sees only what the system passes by default, and ``sprite run``
+        inside it refuses a listed variable that is missing, naming it."""
+        return []
+
     def launch_lines(self, block, command: str) -> list[str]:
         """Job-script lines that run the (already shell-quoted) ``sprite run`` command."""
         return [f"exec {command}"]

@@ -121,6 +121,14 @@ class Slurm(Scheduler):
     def log_path(self, block) -> str:
         return f"{block.output_dir}/{block.job_name}-%j.log"
 
+    def pass_env_directives(self, names: tuple[str, ...]) -> list[str]:
+        # "--export=ALL,NAME": all of the submitting environment plus NAME with its current value there; names
+        # only, a value would be written into the script (sbatch(1) of Slurm 22.05, "--export"). ALL keeps the
+        # default propagation the rest of the job relies on (PATH, the venv).
+        if not names:
+            return []
+        return [f"#SBATCH --export={values.directive_word('export', 'ALL,' + ','.join(names))}"]
+
     def submit_argv(self, program: str, script: str, log_path: str) -> list[str]:
         return [program, "--parsable", script]
 
