@@ -20,11 +20,16 @@ import pytest
 pytestmark = pytest.mark.slow
 HYDRA = Path(sys.executable).parent / "mpiexec"
 FAKE_PALS = Path(__file__).parent / "fakes" / "pals_mpiexec"
-HELLO = """import os, sys
+HELLO = """import os, sys, time
 rank = next(os.environ[n] for n in ("PALS_RANKID", "PMI_RANK", "SLURM_PROCID", "RANK") if n in os.environ)
 print(f"hello from {rank}")
 print(f"note from {rank}", file=sys.stderr)
+if rank == "0":
+    open("rank0-printed", "w").close()
 if rank == os.environ.get("FAIL_RANK"):
+    deadline = time.monotonic() + 120  # fail only once rank 0 has printed: the launcher then stops every rank
+    while not os.path.exists("rank0-printed") and time.monotonic() < deadline:
+        time.sleep(0.1)
     raise RuntimeError(f"boom on rank {rank}")
 """
 
