@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from sprite import rank_output
+from sprite import owner_only, rank_output
 from sprite.errors import UsageError
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -35,7 +35,7 @@ def prepare(log_dir: str) -> None:
         raise UsageError(f"--log-dir {log_dir} already holds rank logs of an earlier run ({', '.join(old[:3])}"
                          f"{', ...' if len(old) > 3 else ''}).", "Rank logs are never appended to or replaced.",
                          "Pass a fresh --log-dir, or move the old logs away.")
-    path.mkdir(parents=True, exist_ok=True)
+    owner_only.make_dirs(path)  # 0700, like every folder sprite creates (rank output may hold secrets)
 
 
 class Follower:

@@ -1,7 +1,7 @@
 """A rank's own output split, for launchers that cannot do it themselves (PALS, Open MPI, torchrun; and the
 console filter under every launcher but sprite's supervisor). The plan asks for it in two variables:
 
-- ``SPRITE_LOG_DIR``: this rank writes everything it prints to ``DIR/rank<N>.log``, a new file;
+- ``SPRITE_LOG_DIR``: this rank writes everything it prints to ``DIR/rank<N>.log``, a new file (0600);
 - ``SPRITE_CONSOLE_RANKS``: only these ranks print to the launcher's console; the others print only to their
   log file (or nowhere without one), and a rank that fails still says so on the console, in one line.
 
@@ -88,7 +88,8 @@ def install(environ: Mapping[str, str] = os.environ) -> Output | None:
     size = _read(environ, names.world_size, "world size", flavour)
     console = not spec or rank in rank_output.members(spec, size)
     log = str(Path(log_dir) / f"rank{rank}.log") if log_dir else None
-    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o644) if log else None
+    # A new file, 0600 as every log sprite creates (sprite.owner_only), never through a symlink.
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600) if log else None
     console_fd = None if console else os.dup(2)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
