@@ -65,6 +65,17 @@ def run(
     allow_literal_secrets: bool = typer.Option(
         False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="new folder for this run's audit, heartbeats and "
+                                          "logs; default: a new one under ./sprite-runs/"),
+    stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", help="stop the run (exit 124) when no rank "
+                                                "advances for SECONDS"),
+    first_step_timeout: Optional[float] = typer.Option(None, "--first-step-timeout", help="allowance from launch to "
+                                                     "the end of the first step; default 10x --stall-timeout"),
+    save_timeout: Optional[float] = typer.Option(None, "--save-timeout", help="allowance for a checkpoint save; "
+                                               "default 2x --stall-timeout"),
+    retries: Optional[int] = typer.Option(None, "--retries", help="relaunch up to N times after a failure"),
+    spare_nodes: Optional[int] = typer.Option(None, "--spare-nodes", help="keep K allocated nodes out of the first "
+                                              "launch, to replace a failed node"),
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
@@ -77,8 +88,8 @@ def run(
                                         "0,3-5; default: all up to 16 ranks, else 0"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
-) -> None:
-    from sprite import execute, plan
+) -> int:
+    from sprite.recovery import entry
 
     if script and script.startswith("-"):  # unknown options land here (sprite's options end at SCRIPT)
         raise UsageError(f"sprite run has no option {script}.", "sprite's options come before SCRIPT.",
@@ -96,13 +107,15 @@ def run(
         "secrets": list(secret) if secret else None, "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None), "cpu_bind": cpu_bind,
         "log_dir": log_dir, "ranks": ranks,
+        "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
+        "retries": retries, "spare_nodes": spare_nodes,
     }
-    launch = plan.plan_run(flags, spec_file=spec, allow_literal_secrets=allow_literal_secrets)
+    run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
-        return
+        return 0
     _before_launch(launch)
-    execute.exec_plan(launch)
+    return entry.run_all(run_state, launch)
 
 
 def _before_launch(launch) -> None:
@@ -147,6 +160,7 @@ def _env_names(values: Optional[List[str]]) -> Optional[list]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite import cli_runs
     from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
     from sprite.parity.bench_cli import app as bench_app
@@ -155,6 +169,7 @@ def _mount_subcommands() -> None:
     register(app)
     app.add_typer(parity_app, name="parity")
     app.add_typer(ckpt_app, name="ckpt")
+    cli_runs.register(app)
     app.add_typer(bench_app, name="bench")
 
 

@@ -22,8 +22,11 @@ CONSOLE_RANKS = "SPRITE_CONSOLE_RANKS"  # set when only these ranks may print to
 
 # Per-run options the runtime reads whether or not the world variables above are set.
 RESUME = "SPRITE_RESUME"  # never | auto | a checkpoint path (Trainer.fit's ckpt_path)
-RUN_DIR = "SPRITE_RUN_DIR"  # a folder holding the run's audit.jsonl; unset: no audit records from the ranks
+RUN_DIR = "SPRITE_RUN_DIR"  # the run folder (audit.jsonl, heartbeat/, run.json), on a file system every node sees;
+# unset: no audit records and no heartbeat from the ranks
 RESUME_MODES = ("never", "auto")  # or a path
+ATTEMPT = "SPRITE_ATTEMPT"  # 1 for the first launch of a run, 2 for its first relaunch, ...
+HEARTBEAT_SECONDS = "SPRITE_HEARTBEAT_SECONDS"  # the most often a rank rewrites its heartbeat within one phase
 
 ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS,
        LOG_DIR, CONSOLE_RANKS)

@@ -1,4 +1,7 @@
-"""Effects at the edge: carry out a LaunchPlan, by replacing this process or as a child process."""
+"""Effects at the edge: find a LaunchPlan's launcher program and run the plan as a child process.
+
+`sprite run` runs its attempts through ``sprite.recovery.child``; the parity harness through ``run_plan``.
+"""
 
 from __future__ import annotations
 
@@ -38,12 +41,6 @@ def resolve_program(plan: LaunchPlan) -> str:
             _HINTS.get(program, f"Install {program} or choose another --launcher."),
         )
     return found
-
-
-def exec_plan(plan: LaunchPlan) -> None:
-    """Replace this process with the plan's launcher, so signals and the exit code pass straight through."""
-    program = resolve_program(plan)
-    os.execve(program, plan.argv, _environment(plan))
 
 
 def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: float | None = None) -> int:

@@ -33,6 +33,7 @@ class Context:
     environ: dict = field(default_factory=dict)
     is_root: bool = False
     pick_free_port: Callable[[], int] = rendezvous.free_port  # called only when nothing else fixes the port
+    run_env: dict = field(default_factory=dict)  # this invocation's contract variables: run folder, attempt
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,14 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.RESUME: spec.resume,
         contract.CHECKS: spec.checks,
     })
+    env.update(ctx.run_env)
     env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
     return env
 
 
 def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> LaunchPlan:
     """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments."""
+    spec = replace(spec, log_dir=rank_output.attempt_dir(spec.log_dir, ctx.run_env.get(contract.ATTEMPT)))
     env = environment(spec, site, world, ctx)
     site = replace(site, cpu_bind=spec.cpu_bind) if spec.cpu_bind else site
     argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
@@ -164,14 +167,16 @@ def check_script(script: str | None) -> None:
         )
 
 
-def context(environ: Mapping[str, str]) -> Context:
-    """The launching process's facts (interpreter, environment, root or not)."""
-    return Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0)
+def context(environ: Mapping[str, str], run_env: Mapping[str, str] | None = None) -> Context:
+    """The launching process's facts (interpreter, environment, root or not, this invocation's run variables)."""
+    return Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0,
+                   run_env=dict(run_env or {}))
 
 
 def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
-             allow_literal_secrets: bool = False) -> LaunchPlan:
-    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes.
+             allow_literal_secrets: bool = False, run_env: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes; ``run_env``
+    (run folder, attempt) goes to every rank.
 
     Raises UsageError (SpecError for a spec file) for bad input, a world the allocation cannot hold, a secret
     with a literal value (unless ``allow_literal_secrets``) or one that ``environ`` does not set.
@@ -182,4 +187,4 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     if alloc.scheduler == "none" and not job.devices and not site.job.get("devices"):
         here = devicecount.default_ranks(job.accelerator, environ)  # as Trainer(devices="auto") would
     launched = world.resolve(job, site, alloc, here)
-    return build(job, site, launched, context(environ))
+    return build(job, site, launched, context(environ, run_env))

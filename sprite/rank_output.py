@@ -93,6 +93,14 @@ def shows_all(spec: str, size: int) -> bool:
     return members(spec, size) == list(range(size))
 
 
+def attempt_dir(log_dir: str | None, attempt: str | None) -> str | None:
+    """Where this attempt's rank logs go: ``DIR`` for the first launch, ``DIR/attempt<N>`` for relaunch N
+    (``sprite run --retries``), so no attempt appends to or replaces another's logs (as torchrun's attempt_N)."""
+    if not log_dir or not attempt or attempt == "1":
+        return log_dir
+    return f"{log_dir}/attempt{attempt}"
+
+
 def _native_files(flavour: str, log_dir: str | None) -> bool:
     return bool(log_dir and log_file_options(flavour, log_dir))
 

@@ -6,7 +6,7 @@ console ranks' files as they grow, as torchrun's agent tails its workers' log fi
 
 It starts the launcher as its child, forwards SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 to it (a PBS
 preemption timer signals the process that `sprite run` became), and exits with the launcher's exit code.
-``prepare(DIR)`` is what `sprite run` does before any rank starts: make DIR, refuse one that holds rank logs.
+``prepare(DIR)`` runs before any rank starts (in `sprite run` and here): make DIR, refuse one that holds rank logs.
 """
 
 from __future__ import annotations
@@ -91,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         parser.error("need the launcher command after --")
     shown = rank_output.members(args.ranks, args.size)
+    try:
+        prepare(args.dir)  # the launcher writes into it (Hydra and srun need it to exist); a relaunch's is new
+    except UsageError as err:
+        parser.error(str(err))
     return follow(cmd, [Path(args.dir) / f"rank{rank}.log" for rank in shown])
 
 

@@ -46,6 +46,11 @@ class JobSpec:
     resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
     checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
+    stall_timeout: float | None = None  # seconds without progress that stop the run (exit 124); None: no watchdog
+    first_step_timeout: float | None = None  # the allowance from launch to the end of the first step
+    save_timeout: float | None = None  # the allowance for one checkpoint save
+    retries: int = 0  # relaunches after a failure
+    spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
     log_dir: str | None = None  # one output file per rank, DIR/rank<N>.log
     ranks: str | None = None  # console filter: "0", "all" or a list; None: all up to 16 ranks, else 0
     cpu_bind: str | None = None  # the launcher's --cpu-bind value, over the site profile's
@@ -59,7 +64,9 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
     "pass_env": v.env_names, "secrets": v.env_names, "exclude": v.string_list, "master_port": v.port,
-    "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES), "log_dir": v.string,
+    "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
+    "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
+    "retries": v.non_negative_int, "spare_nodes": v.non_negative_int, "log_dir": v.string,
     "ranks": rank_output.check_ranks, "cpu_bind": v.token,
 }
 assert set(CHECKS) == set(FIELD_NAMES)

@@ -6,7 +6,8 @@ Each rank gets RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (WORLD_SIZE and the
 plan's environment). Output lines are prefixed ``[rank N]``; only the ranks ``--ranks`` names reach the
 console, every rank's lines go to ``DIR/rank<N>.log`` (a new file) with ``--log-dir``. When a rank fails, the others are stopped
 (SIGTERM, then SIGKILL after a grace period) and the supervisor exits with the failed rank's code.
-SIGINT/SIGTERM sent to the supervisor are forwarded to every rank.
+SIGINT/SIGTERM sent to the supervisor are forwarded to every rank, which are then stopped; SIGUSR1/SIGUSR2
+are passed on to every rank and the ranks keep running.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from sprite import owner_only, rank_output
 
 GRACE_SECONDS = 5.0
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -94,9 +96,22 @@ def stop_all(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: fl
         proc.wait()
 
 
+def forward(procs: list[subprocess.Popen], sig: int) -> None:
+    """Send ``sig`` to every live rank process (not its group: a data loader worker has no handler for it)."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
 def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
-    """Wait until every rank exits 0 (return 0), one fails, or a signal arrives; return the exit code."""
+    """Wait until every rank exits 0 (return 0), one fails, or SIGINT/SIGTERM arrives; return the exit code.
+    SIGUSR1/SIGUSR2 (a scheduler's warning before preemption) are passed to every rank, which keep running."""
     while True:
+        while received and received[0] in PASSED_ON:
+            forward(procs, received.pop(0))
         if received:
             stop_all(procs, received[0])
             return 128 + received[0]
@@ -128,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if any((args.log_dir / f"rank{rank}.log").exists() for rank in range(args.nproc)):
             parser.error(f"{args.log_dir} already holds rank logs; pass a fresh --log-dir")
     received: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, *PASSED_ON):
         signal.signal(sig, lambda signum, frame: received.append(signum))
     if not shutil.which(cmd[0]):
         parser.error(f"cannot run {cmd[0]!r}: no such program on PATH")

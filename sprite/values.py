@@ -165,6 +165,23 @@ def positive_int(value: Any, complain: Complain) -> int:
     return int(value)
 
 
+def non_negative_int(value: Any, complain: Complain) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise complain(f"{value!r} is not a whole number.", "an integer of at least 0, e.g. 1")
+    return int(value)
+
+
+def duration(value: Any, complain: Complain) -> float:
+    """Seconds, a positive finite number (an int, a float or their text)."""
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or not 0 < number < float("inf"):
+        raise complain(f"{value!r} is not a positive number of seconds.", "seconds above 0, e.g. 600")
+    return number
+
+
 def port(value: Any, complain: Complain) -> int:
     number = positive_int(value, complain)
     if not 1024 <= number <= 65535:

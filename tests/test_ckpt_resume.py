@@ -50,13 +50,13 @@ def weights(root: Path, tag: str) -> dict:
 @pytest.fixture(scope="module")
 def ddp(sprite_cmd, tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
-    runs = {"root": root, "ck": root / "ck", "audit": root / "run" / "audit.jsonl"}
-    (root / "run").mkdir()
-    trail = ["--env", f"SPRITE_RUN_DIR={root / 'run'}"]
+    # Every sprite run has a run folder (SPRITE_RUN_DIR) and audit trail of its own: k's and r's are read in turn.
+    runs = {"root": root, "ck": root / "ck", "audit": [root / f"run-{tag}" / "audit.jsonl" for tag in "kr"]}
     runs["u"] = fit(sprite_cmd, root, "u", ["--resume", "auto"], root / "u_ck")  # nothing to resume yet
-    runs["k"] = fit(sprite_cmd, root, "k", trail, runs["ck"], "--crash-at-save", "4")
+    runs["k"] = fit(sprite_cmd, root, "k", ["--run-dir", str(root / "run-k")], runs["ck"], "--crash-at-save", "4")
     runs["k_dir"] = sorted(os.listdir(runs["ck"]))
-    runs["r"] = fit(sprite_cmd, root, "r", [*trail, "--launcher", "mpiexec", "--resume", "auto"], runs["ck"])
+    runs["r"] = fit(sprite_cmd, root, "r", ["--run-dir", str(root / "run-r"), "--launcher", "mpiexec", "--resume",
+                                            "auto"], runs["ck"])
     newest = runs["ck"] / "epoch=2-step=18.ckpt"
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -103,14 +103,17 @@ def test_resume_auto_skips_the_partial_save_and_continues_bit_for_bit(ddp):
 
 
 def test_ranks_audit_the_saves_the_skip_and_the_resume(ddp):
-    ok, why = audit.verify(ddp["audit"])
-    assert ok, why
-    records = [(r["kind"], Path(r["path"]).name, r.get("step")) for r in audit.read(ddp["audit"])]
+    trail = []
+    for path in ddp["audit"]:
+        ok, why = audit.verify(path)
+        assert ok, why
+        trail += [r for r in audit.read(path) if r["kind"] in ("checkpoint_written", "checkpoint_skipped", "resume")]
+    records = [(r["kind"], Path(r["path"]).name, r.get("step")) for r in trail]
     assert records[:3] == [("checkpoint_written", f"epoch={e}-step={s}.ckpt", s) for e, s in ((0, 3), (0, 6), (1, 9))]
     assert records[3] == ("checkpoint_skipped", "epoch=1-step=12.ckpt", None)
     assert records[4] == ("resume", "epoch=1-step=9.ckpt", 9)
     assert ("checkpoint_written", "epoch=2-step=18.ckpt", 18) in records[5:]
-    assert all(r["verified"] for r in audit.read(ddp["audit"]) if r["kind"] == "checkpoint_written")
+    assert all(r["verified"] for r in trail if r["kind"] == "checkpoint_written")
 
 
 def test_a_flipped_byte_in_the_newest_checkpoint_resumes_from_the_one_before(ddp):

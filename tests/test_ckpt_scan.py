@@ -13,6 +13,8 @@ import pytest
 from sprite import ckpt_scan, cli, contract, integrity, plan
 from sprite.runtime import ckpt_seal
 
+from conftest import OUTSIDE_CHECKOUT
+
 
 def _ckpt(folder, step: int, sealed: bool = True, payload: bytes = b""):
     path = folder / f"epoch=0-step={step}.ckpt"
@@ -104,7 +106,8 @@ for argv in (["ckpt", "verify", {str(path)!r}], ["ckpt", "list", {str(tmp_path)!
 heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'torch', 'lightning', 'numpy'}})
 sys.stderr.write("HEAVY=" + repr(heavy))
 """
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            cwd=OUTSIDE_CHECKOUT)
     assert result.returncode == 0 and result.stderr.endswith("HEAVY=[]"), result.stderr[-500:]
 
 

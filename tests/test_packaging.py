@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import OUTSIDE_CHECKOUT
 from sprite import sites
 
 
@@ -34,7 +35,8 @@ for argv in (["--help"], ["run", "--help"], ["env", "--json"], ["run", "--dry-ru
 heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'torch', 'lightning', 'pytorch_lightning', 'transformers'}})
 sys.stderr.write("HEAVY=" + repr(heavy))
 """
-    result = subprocess.run([sys.executable, "-c", probe], env=clean_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", probe], env=clean_env, capture_output=True, text=True, timeout=60,
+                            cwd=OUTSIDE_CHECKOUT)
     assert result.returncode == 0, result.stderr
     assert result.stderr.endswith("HEAVY=[]"), result.stderr[-500:]
 

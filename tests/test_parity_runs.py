@@ -18,6 +18,8 @@ from typer.testing import CliRunner
 
 from sprite.parity.cli import app
 
+from conftest import OUTSIDE_CHECKOUT
+
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -181,5 +183,6 @@ def test_bad_usage_exits_2_before_running(args, words, tmp_path):
 
 def test_command_module_imports_nothing_heavy():
     probe = "import sys, sprite.parity.cli; print(sorted({'torch','lightning','transformers'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=OUTSIDE_CHECKOUT).stdout
     assert out.strip() == "[]"

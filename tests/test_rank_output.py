@@ -23,11 +23,12 @@ GOLDEN = Path(__file__).parent / "golden" / "launch"
 SCRIPT = str(REPO / "examples" / "train.py")
 
 
-def planned(flags: dict, environ: dict) -> plan.LaunchPlan:
+def planned(flags: dict, environ: dict, run_env: dict | None = None) -> plan.LaunchPlan:
     """A plan as `sprite run` builds it, with a fixed interpreter name, port and root flag (so it is golden)."""
     job, site = plan.assemble({"script": SCRIPT, "master_port": 29500, **flags}, environ=environ)
     launched = world.resolve(job, site, allocation.discover(environ, hostname="here"))
-    return plan.build(job, site, launched, plan.Context("PYTHON", dict(environ), False, lambda: 29500))
+    ctx = plan.Context("PYTHON", dict(environ), False, lambda: 29500, run_env=run_env or {})
+    return plan.build(job, site, launched, ctx)
 
 
 @pytest.fixture
@@ -86,6 +87,15 @@ def test_log_dir_uses_the_launchers_own_files_else_the_runtime(allocations, tmp_
     pals = planned({"site": "aurora", "log_dir": logs}, allocations["pbs"])
     assert pals.argv[0] == "mpiexec" and pals.env[contract.LOG_DIR] == logs  # PALS: each rank tees its own
     assert pals.log_dir == logs and any("rank<N>.log" in note for note in pals.notes)
+
+
+def test_a_relaunch_writes_its_own_attempt_folder(allocations, tmp_path):
+    logs = str(tmp_path / "logs")
+    first = planned({"site": "aurora", "log_dir": logs}, allocations["pbs"], {contract.ATTEMPT: "1"})
+    second = planned({"site": "aurora", "log_dir": logs}, allocations["pbs"], {contract.ATTEMPT: "2"})
+    assert first.env[contract.LOG_DIR] == logs and second.env[contract.LOG_DIR] == f"{logs}/attempt2"
+    hydra = planned({"launcher": "mpiexec", "devices": 2, "log_dir": logs}, {}, {contract.ATTEMPT: "3"})
+    assert hydra.argv[hydra.argv.index("--dir") + 1] == f"{logs}/attempt3" and hydra.log_dir == f"{logs}/attempt3"
 
 
 def test_console_shows_every_rank_up_to_16_then_rank_0():

@@ -32,6 +32,10 @@ class Scheduler:
         """True when ``environ`` is that of a process inside this system's job."""
         return False
 
+    def restart_count(self, environ: Mapping[str, str]) -> int:
+        """How many times the system has started this job again (a requeue); 0 for its first run."""
+        return 0
+
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts this job was granted. Raises UsageError when the job's variables are unusable."""
         raise NotImplementedError

@@ -90,6 +90,11 @@ class Slurm(Scheduler):
     def detect(self, environ: Mapping[str, str]) -> bool:
         return bool(environ.get("SLURM_JOB_ID"))
 
+    def restart_count(self, environ: Mapping[str, str]) -> int:
+        # 1 in the first rerun of a requeued job (seen here: `scontrol requeue` with the FACTS.md slurm.conf)
+        count = environ.get("SLURM_RESTART_COUNT", "")
+        return int(count) if count.isdigit() else 0
+
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts of SLURM_JOB_NODELIST. Raises UsageError when the node list is missing or unreadable."""
         text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
