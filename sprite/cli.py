@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sprite.cli_options import Accelerator, Launcher, MpiFlavour, Precision, Strategy, commas, value, version
+from sprite.cli_options import SECONDS, WHOLE, Accelerator, Launcher, MpiFlavour, Precision, Strategy, value, version
 from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line
 
 app = typer.Typer(
@@ -46,10 +46,11 @@ def run(
     args: Optional[List[str]] = typer.Argument(None, help="arguments passed to the script"),
     spec: Optional[str] = typer.Option(None, "--spec", help="job spec YAML; flags override it"),
     site: Optional[str] = typer.Option(None, "--site", help="site profile: aurora, polaris, perlmutter, local or a path"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes (Lightning num_nodes); default: the whole allocation"),
-    devices: Optional[int] = typer.Option(
-        None, "--devices", help="ranks per node; default: the allocation's, else the site's, else (no scheduler) one "
-        "per visible GPU as Trainer(devices=\"auto\") counts them, 1 on a CPU-only machine"),
+    nodes: Optional[str] = typer.Option(None, "--nodes", metavar=WHOLE,
+                                        help="nodes (Lightning num_nodes); default: the whole allocation"),
+    devices: Optional[str] = typer.Option(
+        None, "--devices", metavar=WHOLE, help="ranks per node; default: the allocation's, else the site's, else "
+        "(no scheduler) one per visible GPU as Trainer(devices=\"auto\") counts them, 1 on a CPU-only machine"),
     accelerator: Optional[Accelerator] = typer.Option(None, "--accelerator", help="device type of every rank"),
     strategy: Optional[Strategy] = typer.Option(None, "--strategy", help="auto keeps the script's own"),
     precision: Optional[Precision] = typer.Option(None, "--precision", help="auto keeps the script's own"),
@@ -64,20 +65,27 @@ def run(
         None, "--secret", help="NAME: a secret from this shell's environment, printed masked (repeatable)"),
     allow_literal_secrets: bool = typer.Option(
         False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
-    master_port: Optional[int] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    master_port: Optional[str] = typer.Option(None, "--master-port", metavar=WHOLE,
+                                              help="rendezvous port; default: from the job id"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="new folder for this run's audit, heartbeats and "
                                           "logs; default: a new one under ./sprite-runs/"),
-    stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", help="stop the run (exit 124) when no rank "
-                                                "advances for SECONDS"),
-    first_step_timeout: Optional[float] = typer.Option(None, "--first-step-timeout", help="allowance from launch to "
-                                                     "the end of the first step; default 10x --stall-timeout"),
-    save_timeout: Optional[float] = typer.Option(None, "--save-timeout", help="allowance for a checkpoint save; "
-                                               "default 2x --stall-timeout"),
-    retries: Optional[int] = typer.Option(None, "--retries", help="relaunch up to N times after a failure"),
-    spare_nodes: Optional[int] = typer.Option(None, "--spare-nodes", help="keep K allocated nodes out of the first "
-                                              "launch, to replace a failed node"),
+    stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", metavar=SECONDS, help="stop the run "
+                                                "(exit 124) when no rank advances for SECONDS"),
+    first_step_timeout: Optional[str] = typer.Option(None, "--first-step-timeout", metavar=SECONDS, help="allowance "
+                                                     "from launch to the end of the first step; default 10x "
+                                                     "--stall-timeout"),
+    save_timeout: Optional[str] = typer.Option(None, "--save-timeout", metavar=SECONDS, help="allowance for a "
+                                               "checkpoint save; default 2x --stall-timeout"),
+    retries: Optional[str] = typer.Option(None, "--retries", metavar=WHOLE,
+                                          help="relaunch up to N times after a failure"),
+    spare_nodes: Optional[str] = typer.Option(None, "--spare-nodes", metavar=WHOLE, help="keep K allocated nodes "
+                                              "out of the first launch, to replace a failed node"),
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
+    preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
+                                                 "it the ranks checkpoint at the next step and exit 75"),
+    requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "
+                                 "system to run this job again (job scripts pass it)"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
     strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     cpu_bind: Optional[str] = typer.Option(None, "--cpu-bind", help="the launcher's --cpu-bind value (mpiexec, srun); "
@@ -102,15 +110,18 @@ def run(
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": value(accelerator), "strategy": value(strategy), "precision": value(precision),
-        "launcher": value(launcher), "mpi": value(mpi), "site": site, "exclude": commas(exclude),
+        "launcher": value(launcher), "mpi": value(mpi), "site": site, "exclude": list(exclude) if exclude else None,
         "env": _env_pairs(env), "master_port": master_port, "pass_env": _env_names(env),
         "secrets": list(secret) if secret else None, "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None), "cpu_bind": cpu_bind,
         "log_dir": log_dir, "ranks": ranks,
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes,
+        "preempt_signal": preempt_signal, "requeue": True if requeue else None,
     }
     run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
+    for note in launch.notes:
+        print(f"sprite: {one_line(note)}", file=sys.stderr)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return 0
@@ -124,7 +135,7 @@ def _before_launch(launch) -> None:
 
     if launch.log_dir:
         ranklog.prepare(launch.log_dir)
-    for note in launch.notes:
+    for note in launch.output_notes:
         print(f"sprite: {note}", file=sys.stderr, flush=True)
 
 

@@ -1,10 +1,10 @@
 """Option types of the ``sprite`` command line: fixed choices as Enums (so ``--help`` lists the allowed values
-and typer refuses others with sprite's one-line error), host lists, and ``--version``."""
+and typer refuses others with sprite's one-line error), numbers shown as INTEGER / FLOAT, and ``--version``."""
 
 from __future__ import annotations
 
 import enum
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -22,6 +22,12 @@ Strategy = choices("Strategy", contract.STRATEGIES)
 Launcher = choices("Launcher", spec_values.LAUNCHERS)
 MpiFlavour = choices("MpiFlavour", spec_values.MPI_FLAVOURS)
 Precision = choices("Precision", spec_values.PRECISIONS)
+
+
+# Number options are typed as text with these metavars: --help shows INTEGER / FLOAT, and the key's checker in
+# sprite.values reads the text once (click's own int() would take "010", " 7" and "1_000" without a word).
+WHOLE = "INTEGER"
+SECONDS = "FLOAT"
 
 
 def version(given: bool) -> None:
@@ -42,18 +48,3 @@ def version(given: bool) -> None:
 def value(choice: Optional[enum.Enum]) -> Optional[str]:
     """The plain string of a choice (None when the option was not given)."""
     return choice.value if choice is not None else None
-
-
-def commas(values: Optional[List[str]]) -> Optional[list]:
-    """Host lists split at commas outside brackets: "a,nid[001235,001237]" -> ["a", "nid[001235,001237]"]."""
-    if not values:
-        return None
-    parts = []
-    for text in values:
-        depth, start = 0, 0
-        for index, char in enumerate(text + ","):
-            depth += {"[": 1, "]": -1}.get(char, 0)
-            if char == "," and depth <= 0:
-                parts.append(text[start:index])
-                start, depth = index + 1, 0
-    return [part for part in parts if part]

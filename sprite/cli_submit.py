@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from sprite import schedulers
-from sprite.errors import UsageError
+from sprite.errors import UsageError, show
 from sprite.schedulers.base import Scheduler
 
 # The batch systems' names as a fixed choice (--help lists them; typer refuses others in one line).
@@ -35,10 +35,10 @@ Examples:
 
 
 def _job_id(value: str) -> str:
-    from sprite import values
+    from sprite import allocation
 
-    if not values.NAME.fullmatch(value):
-        raise UsageError(f"{value!r} is not a job id.", "Job ids are numbers or names such as 123.server.",
+    if not allocation.JOB_ID.fullmatch(value):
+        raise UsageError(f"{show(value)} is not a job id.", "Job ids are numbers or names such as 123.server.",
                          "Pass the id that sprite qsub/sbatch printed.")
     return value
 
@@ -58,8 +58,8 @@ def _submit(spec_name: str, scheduler: Scheduler, dry_run: bool, json_out: bool 
         else:
             typer.echo(prepared.dry_run_text(), nl=False)
         return
-    job_id = submit.submit(prepared)
-    record.update(job_id=job_id, log=prepared.log_path.replace("%j", job_id))
+    job_id, prepared = submit.submit(prepared)
+    record.update(job_id=job_id, script=prepared.script_path, log=prepared.log_path.replace("%j", job_id))
     if json_out:
         typer.echo(json.dumps(record, indent=2))
         return
@@ -99,20 +99,20 @@ def register(app: typer.Typer) -> None:
     def status(job_id: str = job_id_arg, scheduler: Optional[Kind] = scheduler_opt,
                site: Optional[str] = site_opt,
                json_out: bool = typer.Option(False, "--json", help="print the job's record as JSON")):
-        from sprite import submit
+        from sprite import clients
 
-        chosen = submit.pick(_kind(scheduler), site)
+        chosen = clients.pick(_kind(scheduler), site)
         if json_out:
-            typer.echo(json.dumps(submit.status_record(_job_id(job_id), chosen), indent=2))
+            typer.echo(json.dumps(clients.status_record(_job_id(job_id), chosen), indent=2))
         else:
-            typer.echo(submit.status(_job_id(job_id), chosen))
+            typer.echo(clients.status(_job_id(job_id), chosen))
 
     @app.command("cancel", help="Cancel a job (qdel / scancel).\n\nExample: sprite cancel 1234")
     def cancel(job_id: str = job_id_arg, scheduler: Optional[Kind] = scheduler_opt,
                site: Optional[str] = site_opt):
-        from sprite import submit
+        from sprite import clients
 
-        submit.cancel(_job_id(job_id), submit.pick(_kind(scheduler), site))
+        clients.cancel(_job_id(job_id), clients.pick(_kind(scheduler), site))
         typer.echo(f"cancel requested for job {job_id}")
 
 

@@ -60,7 +60,7 @@ def test_plans_inside_a_slurm_allocation_take_whole_nodes(clean_env, tmp_path):
     settings = BenchSettings(sweep=(1, 4, 8), devices=4, baselines=("raw", "lightning"))
     assert [settings.placement(w) for w in settings.sweep] == [(1, 1), (1, 4), (2, 4)]
     sprite = plan_arm(tmp_path, settings, 8, "sprite", 0, env)
-    assert sprite.argv[:7] == ["srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
+    assert sprite.argv[:8] == ["srun", "--label", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
     assert sprite.argv[-11:-9] == ["-m", "sprite.runtime"] and sprite.argv[-9].endswith("bench_step.py")
     assert sprite.env["SPRITE_WORLD_SIZE"] == "8" and sprite.argv[-8:] == [
         "--out", str(tmp_path), "--world", "8", "--arm", "sprite", "--repeat", "0"]
@@ -79,7 +79,7 @@ def test_plans_under_pbs_and_here(clean_env, tmp_path):
     nodefile.write_text("x1\nx2\n")
     pbs = {**clean_env, "PBS_JOBID": "1.pbs", "PBS_NODEFILE": str(nodefile)}
     settings = BenchSettings(sweep=(24,), devices=12)
-    assert plan_arm(tmp_path, settings, 24, "sprite", 0, pbs).argv[:5] == ["mpiexec", "-n", "24", "-ppn", "12"]
+    assert plan_arm(tmp_path, settings, 24, "sprite", 0, pbs).argv[:6] == ["mpiexec", "-prepend-rank", "-n", "24", "-ppn", "12"]
     here = plan_arm(tmp_path, BenchSettings(), 2, "sprite", 0, clean_env)
     assert here.argv[1:5] == ["-m", "sprite.supervisor", "--nproc", "2"]
     raw = plan_arm(tmp_path, BenchSettings(), 2, "raw", 0, clean_env)

@@ -65,8 +65,9 @@ def test_nodes_beyond_allocation(sprite_cmd, clean_env, tmp_path, example_script
     (["--json"], "--json only changes what --dry-run prints"),
     (["--dry-run", "--strategy", "single", "--devices", "2"], "--strategy single runs one rank"),
     (["--dry-run", "--launcher", "srun"], "needs a Slurm allocation"),
-    (["--dry-run", "--nodes", "two"], "Invalid value for '--nodes'"),
-    (["--dry-run", "--nodes", "0"], "Option --nodes: 0 is less than 1"),
+    (["--dry-run", "--nodes", "two"], "Option --nodes: 'two' is not a whole number"),
+    (["--dry-run", "--nodes", "0"], "Option --nodes: '0' is outside 1..200000"),
+    (["--dry-run", "--devices", "010"], "Option --devices: '010' has a leading zero"),
     (["--dry-run", "--precision", "fp8"], "Invalid value for '--precision'"),
     (["--dry-run", "--strategy", "zero3"], "Invalid value for '--strategy'"),
     (["--dry-run", "--ranks", "0-"], "Option --ranks: '0-' is not a set of ranks"),
@@ -74,7 +75,7 @@ def test_nodes_beyond_allocation(sprite_cmd, clean_env, tmp_path, example_script
     (["--dry-run", "--cpu-bind", "a b"], "Option --cpu-bind: 'a b' cannot be written safely"),
     (["--dry-run", "--site", "frontier"], "Unknown site 'frontier'"),
     (["--dry-run", "--env", "=VALUE"], "has a value but no NAME"),
-    (["--dry-run", "--exclude", "h1"], "--exclude needs a PBS or Slurm allocation"),
+    (["--dry-run", "--exclude", "h1"], "--exclude h1 needs a PBS or Slurm allocation"),
     (["--dry-run", "--master-port", "80"], "outside the unprivileged port range"),
 ])
 def test_bad_flags_and_conflicts(sprite_cmd, clean_env, example_script, args, fragment):

@@ -103,6 +103,6 @@ def test_submit_json_and_warning_through_the_cli(sprite_cmd, tmp_path):
                           cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)
-    assert record["dry_run"] and record["script"].endswith("/sprite-jobs/job.sbatch") and record["log"]
+    assert record["dry_run"] and record["script"].endswith("/sprite-jobs/job-1.sbatch") and record["log"]
     assert record["launch"][:2] == ["srun", "--label"] and record["script_text"].startswith("#!/bin/bash")
     assert done.stderr.startswith("sprite: warning: ") and "scheduler.account" in done.stderr

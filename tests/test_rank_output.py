@@ -13,9 +13,9 @@ import shlex
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from sprite import allocation, contract, plan, rank_output, ranklog, world
-from sprite.cli_options import commas
+from sprite import allocation, cli, contract, plan, rank_output, ranklog, world
 from sprite.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_log_dir_uses_the_launchers_own_files_else_the_runtime(allocations, tmp_
     assert hydra.argv[hydra.argv.index("-outfile-pattern") + 1] == f"{logs}/rank%r.log"
     pals = planned({"site": "aurora", "log_dir": logs}, allocations["pbs"])
     assert pals.argv[0] == "mpiexec" and pals.env[contract.LOG_DIR] == logs  # PALS: each rank tees its own
-    assert pals.log_dir == logs and any("rank<N>.log" in note for note in pals.notes)
+    assert pals.log_dir == logs and any("rank<N>.log" in note for note in pals.output_notes)
 
 
 def test_a_relaunch_writes_its_own_attempt_folder(allocations, tmp_path):
@@ -145,13 +145,16 @@ def test_prepare_refuses_a_folder_with_old_rank_logs(tmp_path):
 
 
 def test_exclude_splits_only_outside_brackets(tmp_path):
-    assert commas(["nid[001235,001237]"]) == ["nid[001235,001237]"]
-    assert commas(["a,nid[001-003,007],b", "c"]) == ["a", "nid[001-003,007]", "b", "c"]
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("nid001235\nnid001236\nnid001237\n")
     environ = {"PBS_JOBID": "1.pbs", "PBS_NODEFILE": str(nodefile)}
-    launch = planned({"site": "aurora", "exclude": commas(["nid[001235,001237]"])}, environ)
-    assert launch.world.hosts == ("nid001236",)
+    for given in (["nid[001235,001237]"], ["nid001235,nid[001237]"], ["nid001235", "nid001237"]):
+        launch = planned({"site": "aurora", "exclude": given}, environ)  # the CLI passes each --exclude as given
+        assert launch.world.hosts == ("nid001236",), given
+    result = CliRunner().invoke(cli.app, ["run", "--dry-run", "--site", "aurora", "--exclude", "nid[001235,001237]",
+                                          SCRIPT], env=environ)
+    assert result.exit_code == 0, result.output
+    assert "--hosts nid001236 " in result.output
 
 
 SPLIT = """import sys

@@ -46,10 +46,10 @@ def test_aurora_script_runs_two_ranks_under_pals_stand_in(copies, tmp_path, clea
     nodefile = tmp_path / "nodefile"
     nodefile.write_text((socket.gethostname() + "\n") * copies)
     # On Aurora the rendezvous host is the first node's high-speed-network name (<host>.hsn.cm.aurora.alcf.anl.gov,
-    # the profile's rendezvous_domain); that name does not resolve here, so this machine's own name stands in.
+    # the profile's rendezvous_domain); that name does not resolve here, so the fake PALS gives the ranks the host's
+    # own name (tests/fakes/pals_mpiexec).
     env = {**clean_env, "PBS_JOBID": "4242.aurora-pbs-fake", "PBS_NODEFILE": str(nodefile),
-           "REAL_MPIEXEC": str(HYDRA), "PATH": f"{bin_dir}{os.pathsep}{clean_env.get('PATH', '')}",
-           "MASTER_ADDR": socket.gethostname()}
+           "REAL_MPIEXEC": str(HYDRA), "PATH": f"{bin_dir}{os.pathsep}{clean_env.get('PATH', '')}"}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
     log = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, log

@@ -36,8 +36,8 @@ def test_sbatch_local_example_runs_two_ranks_to_completion(slurm, sprite_cmd, tm
     record = json.loads(sprite(sprite_cmd, slurm, tmp_path, "sbatch", "--json",
                                str(REPO / "conf" / "local.job.yaml")).stdout)
     job_id, log = record["job_id"], Path(record["log"])
-    assert log == tmp_path / "sprite-jobs" / f"local-{job_id}.log"
-    assert record["script"] == str(tmp_path / "sprite-jobs" / "local.sbatch") and Path(record["script"]).is_file()
+    assert log == tmp_path / "sprite-jobs" / f"local-1-{job_id}.log"  # the new <job>-<n> name, reported as made
+    assert record["script"] == str(tmp_path / "sprite-jobs" / "local-1.sbatch") and Path(record["script"]).is_file()
     assert record["launch"][:2] == ["srun", "--label"]  # what `sprite run` starts inside the job
     info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=180)
     text = log.read_text()
@@ -98,7 +98,7 @@ def test_qsub_through_slurms_pbs_wrapper(slurm, sprite_cmd, tmp_path):
     spec = _spec(tmp_path, "hello.py", {"select": "ncpus=2:mpiprocs=2", "job_name": "pbs-hello"}, devices=2)
     done = sprite(sprite_cmd, slurm, tmp_path, "qsub", spec)
     job_id, log = submitted(done)
-    assert log == tmp_path / "sprite-jobs" / "pbs-hello.log"
+    assert log == tmp_path / "sprite-jobs" / "pbs-hello-1.log"
     info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=120)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["NumTasks"] == "2" and info["JobName"] == "pbs-hello", text
