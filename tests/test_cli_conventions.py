@@ -22,8 +22,10 @@ def help_text(*args: str) -> str:
 
 def test_run_help_shows_integers_and_the_allowed_values():
     text = help_text("run")
-    for option in ("--nodes", "--devices", "--master-port"):
+    for option in ("--nodes", "--devices", "--master-port", "--retries", "--spare-nodes"):
         assert re.search(rf"{option}\s+(INTEGER|<int>)", text), option
+    for option in ("--stall-timeout", "--first-step-timeout", "--save-timeout"):
+        assert re.search(rf"{option}\s+FLOAT", text), option
     for option, values in (("--strategy", "auto|single|ddp|fsdp"), ("--accelerator", "auto|xpu|cuda|cpu"),
                            ("--launcher", "auto|mpiexec|srun|torchrun|local"), ("--mpi", "auto|pals|hydra|openmpi")):
         assert re.search(rf"{option}\s+[<\[]{re.escape(values)}[>\]]", text), option
