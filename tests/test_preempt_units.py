@@ -217,3 +217,29 @@ def test_the_preemption_save_goes_where_resume_auto_looks(tmp_path):
         trainer = Trainer(default_root_dir=tmp_path, logger=False, **kwargs)
         assert preempt.checkpoint_folder(trainer) in resume.checkpoint_dirs(trainer)
     assert preempt.checkpoint_folder(trainer) == str(tmp_path / "checkpoints")
+
+
+class _Strategy:
+    def __init__(self):
+        self.asked = []
+
+    def reduce_boolean_decision(self, decision, all=True):
+        self.asked.append(decision)
+        return decision
+
+
+class _Trainer:
+    def __init__(self, world_size):
+        self.world_size, self.strategy = world_size, _Strategy()
+
+
+@pytest.mark.parametrize("world, collectives", [(1, 0), (2, 1)])
+def test_one_rank_reads_its_own_flag_and_several_agree_through_one_collective(monkeypatch, world, collectives):
+    from sprite.runtime import preempt
+
+    trainer = _Trainer(world)
+    monkeypatch.setattr(preempt_signal, "received", [])
+    assert preempt.PreemptCallback._any_rank_signalled(trainer) is False
+    monkeypatch.setattr(preempt_signal, "received", [signal.SIGUSR1])
+    assert preempt.PreemptCallback._any_rank_signalled(trainer) is True
+    assert len(trainer.strategy.asked) == 2 * collectives  # no per-step collective (device sync) for one rank
