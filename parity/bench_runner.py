@@ -14,10 +14,10 @@ import time
 from typing import Mapping
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sprite.parity import bench_store
 from sprite.parity.bench_settings import BenchSettings
+from sprite.parity.progress import ProgressBoard
 from sprite.plan import LaunchPlan
 from sprite.writeonce import write_new
 
@@ -79,25 +79,26 @@ def check_plans(out: pathlib.Path, settings: BenchSettings) -> None:
 
 
 def run_all(out: pathlib.Path, settings: BenchSettings, console: Console) -> list[dict]:
-    """Runs every launch to completion (a failed one does not stop the rest); returns one entry per launch."""
+    """Runs every launch to completion (a failed one does not stop the rest); returns one entry per launch.
+
+    Progress, as for `sprite parity`: each launch's state and elapsed time, and an estimate of what is left
+    (launches of the same world take about as long as each other)."""
     from sprite.execute import run_plan
 
     order, results = launches(settings), []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("benchmark", total=len(order))
-        for index, (repeat, world, arm) in enumerate(order, 1):
-            label = f"world {world} {arm} (repeat {repeat + 1}/{settings.repeats})"
-            progress.update(task, description=label)
+    names = {entry: f"world {entry[1]} {entry[2]} #{entry[0] + 1}" for entry in order}
+    items = [(names[entry], f"{entry[1]} process{'es' if entry[1] > 1 else ''}") for entry in order]
+    with ProgressBoard(console, items, "bench launches") as board:
+        for entry in order:
+            repeat, world, arm = entry
             log = bench_store.log_path(out, world, arm, repeat)
             bench_store.make_dir(log.parent)
             write_new(log, b"")  # 0600, and never a log of an earlier run
+            board.start(names[entry])
             start = time.monotonic()
             code = run_plan(plan_arm(out, settings, world, arm, repeat), log_path=log)
             seconds = time.monotonic() - start
-            state = "done" if code == 0 else f"[red]exit code {code}[/red], see {log}"
-            progress.console.print(f"[{index}/{len(order)}] {label}: {state} in {seconds:.1f} s")
+            board.finish(names[entry], code == 0, "" if code == 0 else f"exit code {code}, see {log}")
             results.append({"repeat": repeat, "world": world, "arm": arm, "exit_code": code, "seconds": seconds,
                             "log": os.fspath(log.relative_to(out))})
-            progress.advance(task)
     return results

@@ -1,33 +1,69 @@
-"""`sprite parity`: do DDP and FSDP2 compute what one device computes? Mount ``app`` as `sprite parity`.
+"""`sprite parity run` and `sprite parity compare`: do DDP and FSDP2 compute what one device computes?
 
-Imports nothing heavy at module import (no torch, lightning or transformers): `sprite --help` stays instant.
-Exit codes: 0 pass, 1 fail or void, 2 bad usage.
+Mount ``app`` as `sprite parity` (a group: one command per action). Imports nothing heavy at module import (no
+torch, lightning or transformers): `sprite --help` stays instant. Exit codes: 0 pass, 1 fail or void, 2 bad usage.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib.util
+import json
 import pathlib
 import sys
 import time
 from typing import List, Optional
 
 import typer
+from typer.core import TyperGroup
 
+from sprite.contract import ACCELERATORS
 from sprite.errors import EXIT_OK, SpriteError, UsageError, report
+from sprite.parity.faults import FAULTS
+from sprite.parity.settings import PRECISIONS
+
+# Fixed choices as str Enums, so --help lists them and typer refuses others (names from the light modules).
+Precision = enum.Enum("Precision", {p: p for p in PRECISIONS}, type=str)
+Accelerator = enum.Enum("Accelerator", {a: a for a in ACCELERATORS}, type=str)
+Fault = enum.Enum("Fault", {f: f for f in FAULTS}, type=str)
+
+
+class _Group(TyperGroup):
+    """`sprite parity` takes a command; the options of the old one-command form get a migration error."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0].startswith("-") and args[0] not in ("--help", "-h"):
+            raise UsageError(f"`sprite parity {args[0]} ...` is the old form: sprite parity now takes a command.",
+                             "", f"Run `sprite parity run {' '.join(args)}`; `sprite parity compare DIR` is unchanged.")
+        return super().parse_args(ctx, args)
+
 
 app = typer.Typer(
-    name="parity", invoke_without_command=True, no_args_is_help=False, add_completion=False,
-    help="Check that DDP and FSDP2 match a single device (FP32 rule, or BF16 criterion v2 with --precision bf16-mixed).",
+    name="parity", cls=_Group, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    help="Check that DDP and FSDP2 match a single device (FP32 rule, or BF16 criterion v2 with --precision "
+         "bf16-mixed).\n\nExamples:\n\n  sprite parity run --precision 32-true --devices 2 --out runs/fp32\n\n"
+         "  sprite parity compare runs/fp32 --details",
 )
+DETAILS = typer.Option(False, "--details", help="also print every check with its value and bound")
+JSON_OUT = typer.Option(False, "--json", help="print the reports as JSON on stdout (progress goes to stderr)")
 
 
-def _finish(reports: dict) -> None:
+def _finish(out: pathlib.Path, reports: dict, details: bool, json_out: bool) -> None:
+    from rich.console import Console
+
+    from sprite.parity import plot
     from sprite.parity.compare import overall
     from sprite.parity.report import show
 
     verdict = overall(reports)
-    show(reports, verdict)
+    png = plot.write_png(out, reports)
+    if json_out:
+        typer.echo(json.dumps({"verdict": verdict, "reports": reports, "plot": str(png) if png else None},
+                              indent=1, sort_keys=True, allow_nan=False))
+    else:
+        note = f"per-step gaps: {png}" if png else "per-step gaps: install the plot extra (pip install " \
+                                                   "'sprite-hpc[plot]') for a PNG beside the reports"
+        show(reports, verdict, Console(), details, [f"reports: {out}", note])
     raise typer.Exit(EXIT_OK if verdict == "pass" else 1)
 
 
@@ -38,18 +74,9 @@ def _fail(err: SpriteError) -> None:
 
 def _settings(precision, devices, nodes, model, accelerator, fault):
     from sprite.parity import faults
-    from sprite.parity.settings import PRECISIONS, PRESETS, Settings
-    from sprite.contract import ACCELERATORS
+    from sprite.parity.settings import PRESETS, Settings
 
-    if precision not in PRECISIONS:
-        raise UsageError(f"--precision {precision!r} is not supported.",
-                         "Parity has a rule only for FP32 and for BF16 autocast (criterion v2).",
-                         f"Use one of: {', '.join(PRECISIONS)}.")
-    if accelerator not in ACCELERATORS:
-        raise UsageError(f"--accelerator {accelerator!r} is not supported.",
-                         "The arms run only on the device types in sprite's device table.",
-                         f"Use one of: {', '.join(ACCELERATORS)}.")
-    if devices < 1 or nodes < 1 or devices * nodes < 2:
+    if devices * nodes < 2:
         raise UsageError(f"--devices {devices} --nodes {nodes} gives {devices * nodes} rank(s).",
                          "Parity compares a distributed run with one device, so it needs more than one rank.",
                          "Pass --devices 2 or more.")
@@ -68,42 +95,42 @@ def _settings(precision, devices, nodes, model, accelerator, fault):
                     faults=chosen)
 
 
-@app.callback()
-def parity(
-    ctx: typer.Context,
-    precision: str = typer.Option("32-true", help="32-true (FP32 rule) or bf16-mixed (criterion v2)."),
-    devices: int = typer.Option(2, help="Ranks per node for the ddp and fsdp arms."),
-    nodes: int = typer.Option(1, help="Nodes for the ddp and fsdp arms."),
-    out: Optional[pathlib.Path] = typer.Option(None, help="A fresh directory for results and reports."),
+@app.command("run")
+def run_command(
+    out: pathlib.Path = typer.Option(..., help="A fresh directory for results and reports."),
+    precision: Precision = typer.Option(Precision("32-true"), help="FP32 rule, or BF16 autocast (criterion v2)."),
+    devices: int = typer.Option(2, min=1, help="Ranks per node for the ddp and fsdp arms."),
+    nodes: int = typer.Option(1, min=1, help="Nodes for the ddp and fsdp arms."),
     model: str = typer.Option("tiny", help="tiny, qwen2.5-0.5b-shape, or a local checkpoint directory."),
-    fault: Optional[List[str]] = typer.Option(None, help="A negative control to run (repeatable)."),
-    accelerator: str = typer.Option("auto", help="auto, cpu, cuda or xpu."),
+    fault: Optional[List[Fault]] = typer.Option(
+        None, help="A negative control to run (repeatable; bf16-mixed only): " + ", ".join(FAULTS) + "."),
+    accelerator: Accelerator = typer.Option(Accelerator("auto"),
+                                            help="Device of every arm (auto: xpu, then cuda, then cpu)."),
+    details: bool = DETAILS,
+    json_out: bool = JSON_OUT,
 ) -> None:
-    """Run every arm, each in its own processes, then compare."""
-    if ctx.invoked_subcommand is not None:
-        return
+    """Run every arm, each in its own processes, showing their progress; then compare and print the verdict."""
     try:
-        if out is None:
-            raise UsageError("No --out directory given.", "Every run needs a fresh place for its results.",
-                             "Pass --out DIR (a directory that does not exist yet or is empty).")
-        settings = _settings(precision, devices, nodes, model, accelerator, fault)
+        settings = _settings(precision.value, devices, nodes, model, accelerator.value, [f.value for f in fault or []])
         from rich.console import Console
 
         from sprite.parity.compare import compare
         from sprite.parity.runner import claim_dir, run_arms
 
         claim_dir(out, settings)
+        console = Console(stderr=json_out)
         start = time.monotonic()
-        run_arms(out, settings, Console())
-        Console().print(f"all arms finished in {time.monotonic() - start:.1f} s; comparing")
+        run_arms(out, settings, console)
+        console.print(f"all arms finished in {time.monotonic() - start:.1f} s; comparing")
         reports = compare(out)
     except SpriteError as err:
         _fail(err)
-    _finish(reports)
+    _finish(out, reports, details, json_out)
 
 
 @app.command("compare")
-def compare_command(directory: pathlib.Path = typer.Argument(..., help="The --out directory of a parity run.")):
+def compare_command(directory: pathlib.Path = typer.Argument(..., help="The --out directory of a parity run."),
+                    details: bool = DETAILS, json_out: bool = JSON_OUT):
     """Recompute the verdict from the saved results in DIR (a copy of DIR works too)."""
     try:
         from sprite.parity.compare import compare
@@ -111,4 +138,4 @@ def compare_command(directory: pathlib.Path = typer.Argument(..., help="The --ou
         reports = compare(directory)
     except SpriteError as err:
         _fail(err)
-    _finish(reports)
+    _finish(directory, reports, details, json_out)

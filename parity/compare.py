@@ -34,8 +34,10 @@ def compare_fp32(out: pathlib.Path, settings: Settings) -> dict:
     arms = {name: _clean_arm(out, name) for name in settings.arms}
     checks = criterion.fp32_checks(arms, settings.steps)
     verdict = "pass" if all(c["passed"] for c in checks) else "fail"
+    per_step = {f"{name} vs ref": criterion.step_gaps(arms[name], arms["ref"]) for name in ("ddp", "fsdp")
+                if arms.get(name) and arms.get("ref")}  # reported (pre-clip norm), never scored
     return {"precision": settings.precision, "settings": json.loads(settings.to_json()), "verdict": verdict,
-            "checks": checks}
+            "checks": checks, "per_step": per_step}
 
 
 def _fault_case(out, settings, fault, arm, split, digest, clean_ok) -> dict:

@@ -85,3 +85,10 @@ def fp32_checks(arms: dict[str, dict | None], steps: int) -> list[dict]:
         total = arm["ranks"][0]["frozen_count"]
         results.append(check(f"{label} frozen changed", "frozen", f"{changed} of {total}", "0", changed == 0))
     return results
+
+
+def step_gaps(arm: dict, ref: dict, key: str = "pre_norm") -> list[float]:
+    """Per step, the largest relative gap of ``key`` over ``arm``'s ranks against ``ref``'s rank 0 (reported)."""
+    reference = step_values(ref, key)[0]
+    ranks = step_values(arm, key)
+    return [max(rel(rank[s] if s < len(rank) else None, r) for rank in ranks) for s, r in enumerate(reference)]

@@ -1,4 +1,5 @@
-"""Reports: NaN-free JSON files for machines, a rich table (check, value, bound) for people."""
+"""Reports: NaN-free JSON files for machines; for people the verdict and a summary first (counts and failing
+checks), the tables of every check, value and bound behind ``--details``."""
 
 from __future__ import annotations
 
@@ -50,9 +51,38 @@ def _fault_table(report: dict) -> Table:
     return table
 
 
-def show(reports: dict, verdict: str, console: Console | None = None) -> None:
-    """Prints every report as tables, then the overall verdict."""
+def _failed(report: dict) -> list[dict]:
+    parts = ("checks", "invariants", "gate", "scored")
+    return [c for part in parts for c in report.get(part, []) if not c["passed"]]
+
+
+def summary_lines(name: str, report: dict) -> list[str]:
+    """One line per report (counts), then one per failing check or fault case: what a person reads first."""
+    if "cases" in report:
+        rejected = sum(case["status"] == "rejected" for case in report["cases"])
+        lines = [f"{name}: {rejected} of {len(report['cases'])} negative controls rejected"]
+        return lines + [f"  {c['fault']}/{c['arm']}: {c['status']} ({c['reason']})" for c in report["cases"]
+                        if c["status"] != "rejected"]
+    parts = [p for p in ("checks", "invariants", "gate", "scored") if p in report]
+    counts = ", ".join(f"{p} {sum(c['passed'] for c in report[p])}/{len(report[p])}" for p in parts)
+    lines = [f"{name}: {report['verdict']} ({counts} passed)"]
+    return lines + [f"  FAIL {c['name']}: {_value(c['value'])} (bound {_value(c['bound'])})" for c in _failed(report)]
+
+
+def show(reports: dict, verdict: str, console: Console | None = None, details: bool = False,
+         extras: list[str] = ()) -> None:
+    """Prints the verdict and a summary first; every check's table only with ``details``."""
     console = console or Console()
+    colour = "green" if verdict == "pass" else "red"
+    console.print(f"verdict: [bold {colour}]{verdict}[/bold {colour}]")
+    for name, report in reports.items():
+        for line in summary_lines(name, report):
+            console.print(line, markup=False, highlight=False)
+    for line in extras:
+        console.print(line, markup=False, highlight=False)
+    if not details:
+        console.print("(--details shows every check with its value and bound)")
+        return
     for name, report in reports.items():
         if "cases" in report:
             console.print(_fault_table(report))
@@ -62,5 +92,3 @@ def show(reports: dict, verdict: str, console: Console | None = None) -> None:
             console.print(_table("Invariants (every arm, every step)", report["invariants"]))
             console.print(_table("Validity gate: split_premul vs split, step 0", report["gate"]))
             console.print(_table("Scored: ddp and fsdp vs split, step 0", report["scored"]))
-    colour = "green" if verdict == "pass" else "red"
-    console.print(f"verdict: [bold {colour}]{verdict}[/bold {colour}]")

@@ -14,6 +14,7 @@ from sprite.integrity import IntegrityError
 from sprite.errors import UsageError, one_line
 from sprite.parity import faults
 from sprite.parity.arm_launch import launch_arm
+from sprite.parity.progress import ProgressBoard
 from sprite.parity.settings import SINGLE_ARMS, Settings, arm_world
 from sprite.parity.store import ResultError, write_new
 
@@ -42,48 +43,62 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
     write_new(out / "run.json", settings.to_json().encode())
 
 
-def _launch(out, arm, fault, settings, console, index, total, stamps: dict, threads: int = 0) -> int:
-    label = f"fault_{fault}/{arm}" if fault else arm
+def _label(arm: str, fault: str | None) -> str:
+    return f"fault_{fault}/{arm}" if fault else arm
+
+
+def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threads: int = 0) -> int:
+    label = _label(arm, fault)
     log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
-    console.print(f"[{index}/{total}] {label}: {arm_world(arm, settings)} process(es) ...")
-    start, wall = time.monotonic(), time.time()
+    board.start(label)
+    wall = time.time()
     code = launch_arm(out, arm, fault, settings, log, threads)
     stamps[label] = (wall, time.time())
-    state = "done" if code == 0 else f"[red]exit code {code}[/red], see {log}"
-    console.print(f"[{index}/{total}] {label}: {state} in {time.monotonic() - start:.1f} s")
+    board.finish(label, code == 0, "" if code == 0 else f"exit code {code}, see {log}")
     return code
 
 
+def _items(settings: Settings, cases: list) -> list[tuple[str, str]]:
+    def kind(arm: str) -> str:
+        world = arm_world(arm, settings)
+        return f"{world} process{'es' if world > 1 else ''}"
+    return [(arm, kind(arm)) for arm in settings.arms] + [(_label(a, f), kind(a)) for f, a in cases]
+
+
 def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[str, float]:
-    """Launches the clean arms, then every fault case; returns wall seconds per phase, and under "launches"
-    each arm's (start, end) wall-clock stamps.
+    """Launches the clean arms, then every fault case, showing their progress on ``console``; returns wall
+    seconds per phase, and under "launches" each arm's (start, end) wall-clock stamps.
 
     The one-process arms run two at a time (independent processes, so their results do not change); the
     distributed arms run one after another. Raises ResultError when a clean arm fails (nothing can be compared
     without it). A failed fault case is left for the comparison, which reports it as not executed.
     """
     cases = faults.cases(settings.faults)
-    total, times, stamps = len(settings.arms) + len(cases), {}, {}
+    with ProgressBoard(console, _items(settings, cases), "parity arms") as board:
+        return _run(out, settings, board, cases)
+
+
+def _run(out, settings, board, cases) -> dict:
+    times, stamps = {}, {}
     start = time.monotonic()
-    numbered = list(enumerate(settings.arms, 1))
     # Two one-process arms share the CPU: each gets half the cores, as Lightning gives each of two local ranks
     # (16-core H200 host, 2026-11-29: 16 OpenMP threads each made a 0.5B-shape arm ~20x slower).
     threads = max(1, (os.cpu_count() or 2) // 2)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        single = {arm: pool.submit(_launch, out, arm, None, settings, console, i, total, stamps, threads)
-                  for i, arm in numbered if arm in SINGLE_ARMS}
+        single = {arm: pool.submit(_launch, out, arm, None, settings, board, stamps, threads)
+                  for arm in settings.arms if arm in SINGLE_ARMS}
         codes = {arm: future.result() for arm, future in single.items()}
-    for index, arm in numbered:
+    for arm in settings.arms:
         if arm not in codes:
-            codes[arm] = _launch(out, arm, None, settings, console, index, total, stamps)
+            codes[arm] = _launch(out, arm, None, settings, board, stamps)
         if codes[arm] != 0:
             raise ResultError(f"Arm {arm} failed, so the run has no verdict.",
                               "The arm's processes exited non-zero (its log names the error).",
                               f"Read {out / 'logs' / (arm + '.log')}, fix the cause, and run into a fresh --out.")
     times["clean_arms_s"] = time.monotonic() - start
     start = time.monotonic()
-    for index, (fault, arm) in enumerate(cases, len(settings.arms) + 1):
-        _launch(out, arm, fault, settings, console, index, total, stamps)
+    for fault, arm in cases:
+        _launch(out, arm, fault, settings, board, stamps)
     times["fault_arms_s"] = time.monotonic() - start
     times["launches"] = stamps
     return times

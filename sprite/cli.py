@@ -7,17 +7,28 @@ from typing import List, Optional
 
 import typer
 
+from sprite.cli_options import SECONDS, WHOLE, Accelerator, Launcher, MpiFlavour, Precision, Strategy, value, version
 from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+    add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
     help="Launch PyTorch Lightning scripts on supercomputers and prove the distributed run is right.\n\n"
          "Example: sprite run --devices 2 examples/train.py --max-steps 20",
 )
 
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", callback=version, is_eager=True,
+                                            help="Print sprite's version and exit.")) -> None:
+    """Launch PyTorch Lightning scripts on supercomputers and prove the distributed run is right."""
+
+
 RUN_HELP = """Start every rank of SCRIPT inside this PBS or Slurm allocation, or on this machine.
 
 sprite's options come before SCRIPT; everything after SCRIPT goes to the script unchanged.
+Each rank's lines carry its rank (the launcher's own label); --log-dir DIR keeps one file per rank;
+above 16 ranks the console shows rank 0 only (--ranks all shows every rank). Without a scheduler,
+--devices defaults to one rank per visible GPU, as Trainer(devices="auto"), and 1 on a CPU-only machine.
 
 \b
 Examples:
@@ -35,14 +46,18 @@ def run(
     args: Optional[List[str]] = typer.Argument(None, help="arguments passed to the script"),
     spec: Optional[str] = typer.Option(None, "--spec", help="job spec YAML; flags override it"),
     site: Optional[str] = typer.Option(None, "--site", help="site profile: aurora, polaris, perlmutter, local or a path"),
-    nodes: Optional[str] = typer.Option(None, "--nodes", help="nodes (Lightning num_nodes); default: the whole allocation"),
-    devices: Optional[str] = typer.Option(None, "--devices", help="ranks per node; default: allocation or site"),
-    accelerator: Optional[str] = typer.Option(None, "--accelerator", help="auto|xpu|cuda|cpu"),
-    strategy: Optional[str] = typer.Option(None, "--strategy", help="auto|single|ddp|fsdp"),
-    precision: Optional[str] = typer.Option(None, "--precision", help="e.g. 32-true, bf16-mixed, 16-mixed"),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="auto|mpiexec|srun|torchrun|local"),
-    mpi: Optional[str] = typer.Option(None, "--mpi", help="mpiexec flavour: auto|pals|hydra|openmpi"),
-    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat; a,b; nid[001-3])"),
+    nodes: Optional[str] = typer.Option(None, "--nodes", metavar=WHOLE,
+                                        help="nodes (Lightning num_nodes); default: the whole allocation"),
+    devices: Optional[str] = typer.Option(
+        None, "--devices", metavar=WHOLE, help="ranks per node; default: the allocation's, else the site's, else "
+        "(no scheduler) one per visible GPU as Trainer(devices=\"auto\") counts them, 1 on a CPU-only machine"),
+    accelerator: Optional[Accelerator] = typer.Option(None, "--accelerator", help="device type of every rank"),
+    strategy: Optional[Strategy] = typer.Option(None, "--strategy", help="auto keeps the script's own"),
+    precision: Optional[Precision] = typer.Option(None, "--precision", help="auto keeps the script's own"),
+    launcher: Optional[Launcher] = typer.Option(None, "--launcher", help="what starts the ranks"),
+    mpi: Optional[MpiFlavour] = typer.Option(None, "--mpi", help="mpiexec flavour"),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list; "
+                                                "nid[001235,001237] stays one host list)"),
     env: Optional[List[str]] = typer.Option(
         None, "--env", help="NAME: pass this shell's NAME to every rank; NAME=VALUE: set it (repeatable). A value "
         "on the command line can be read by every user of this machine (process table, shell history): prefer NAME"),
@@ -50,18 +65,21 @@ def run(
         None, "--secret", help="NAME: a secret from this shell's environment, printed masked (repeatable)"),
     allow_literal_secrets: bool = typer.Option(
         False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
-    master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    master_port: Optional[str] = typer.Option(None, "--master-port", metavar=WHOLE,
+                                              help="rendezvous port; default: from the job id"),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="new folder for this run's audit, heartbeats and "
                                           "logs; default: a new one under ./sprite-runs/"),
-    stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", help="stop the run (exit 124) when no rank "
-                                                "advances for SECONDS"),
-    first_step_timeout: Optional[str] = typer.Option(None, "--first-step-timeout", help="allowance from launch to "
-                                                     "the end of the first step; default 10x --stall-timeout"),
-    save_timeout: Optional[str] = typer.Option(None, "--save-timeout", help="allowance for a checkpoint save; "
-                                               "default 2x --stall-timeout"),
-    retries: Optional[str] = typer.Option(None, "--retries", help="relaunch up to N times after a failure"),
-    spare_nodes: Optional[str] = typer.Option(None, "--spare-nodes", help="keep K allocated nodes out of the first "
-                                              "launch, to replace a failed node"),
+    stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", metavar=SECONDS, help="stop the run "
+                                                "(exit 124) when no rank advances for SECONDS"),
+    first_step_timeout: Optional[str] = typer.Option(None, "--first-step-timeout", metavar=SECONDS, help="allowance "
+                                                     "from launch to the end of the first step; default 10x "
+                                                     "--stall-timeout"),
+    save_timeout: Optional[str] = typer.Option(None, "--save-timeout", metavar=SECONDS, help="allowance for a "
+                                               "checkpoint save; default 2x --stall-timeout"),
+    retries: Optional[str] = typer.Option(None, "--retries", metavar=WHOLE,
+                                          help="relaunch up to N times after a failure"),
+    spare_nodes: Optional[str] = typer.Option(None, "--spare-nodes", metavar=WHOLE, help="keep K allocated nodes "
+                                              "out of the first launch, to replace a failed node"),
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
     preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
@@ -70,6 +88,12 @@ def run(
                                  "system to run this job again (job scripts pass it)"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
     strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
+    cpu_bind: Optional[str] = typer.Option(None, "--cpu-bind", help="the launcher's --cpu-bind value (mpiexec, srun); "
+                                           "default: the site profile's"),
+    log_dir: Optional[str] = typer.Option(None, "--log-dir", help="write every rank's output to DIR/rank<N>.log "
+                                          "(a fresh folder)"),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="ranks shown on the console: 0, all or a list such as "
+                                        "0,3-5; default: all up to 16 ranks, else 0"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> int:
@@ -85,11 +109,12 @@ def run(
                          " into errors; --no-checks turns the checks off.", "Give one of them.")
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
-        "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
-        "mpi": mpi, "site": site, "exclude": list(exclude) if exclude else None, "env": _env_pairs(env),
-        "master_port": master_port, "pass_env": _env_names(env), "secrets": list(secret) if secret else None,
-        "resume": resume,
-        "checks": "off" if no_checks else ("strict" if strict else None),
+        "accelerator": value(accelerator), "strategy": value(strategy), "precision": value(precision),
+        "launcher": value(launcher), "mpi": value(mpi), "site": site, "exclude": list(exclude) if exclude else None,
+        "env": _env_pairs(env), "master_port": master_port, "pass_env": _env_names(env),
+        "secrets": list(secret) if secret else None, "resume": resume,
+        "checks": "off" if no_checks else ("strict" if strict else None), "cpu_bind": cpu_bind,
+        "log_dir": log_dir, "ranks": ranks,
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes,
         "preempt_signal": preempt_signal, "requeue": True if requeue else None,
@@ -100,7 +125,18 @@ def run(
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return 0
+    _before_launch(launch)
     return entry.run_all(run_state, launch)
+
+
+def _before_launch(launch) -> None:
+    """Make the rank-log folder (refusing one with old logs) and tell the user where the ranks' output goes."""
+    from sprite import ranklog
+
+    if launch.log_dir:
+        ranklog.prepare(launch.log_dir)
+    for note in launch.output_notes:
+        print(f"sprite: {note}", file=sys.stderr, flush=True)
 
 
 @app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"

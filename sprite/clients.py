@@ -116,3 +116,9 @@ def cancel(job_id: str, scheduler: Scheduler) -> None:
     """Cancel ``job_id``. Raises UsageError when the command is missing or refuses."""
     argv = scheduler.cancel_argv(job_id, lambda name: program(name, scheduler))
     run(argv, f"{os.path.basename(argv[0])} {job_id}")
+
+
+def status_record(job_id: str, scheduler: Scheduler) -> dict:
+    """``job_id`` as one record read from the scheduler's own JSON (``sprite status --json``).
+    Raises UsageError when the command is missing or knows no such job, ClientTimeout past the deadline."""
+    return scheduler.status_record(job_id, run, lambda name: program(name, scheduler))

@@ -17,6 +17,8 @@ HOSTS = "SPRITE_HOSTS"  # comma-separated hosts in node-rank order (node rank = 
 JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
 SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
 CHECKS = "SPRITE_CHECKS"  # one of CHECK_MODES: the fit-start contract checks warn, are off, or are errors
+LOG_DIR = "SPRITE_LOG_DIR"  # set when each rank writes its own output to LOG_DIR/rank<N>.log
+CONSOLE_RANKS = "SPRITE_CONSOLE_RANKS"  # set when only these ranks may print to the console ("0", "0,3-5")
 
 # Per-run options the runtime reads whether or not the world variables above are set.
 RESUME = "SPRITE_RESUME"  # never | auto | a checkpoint path (Trainer.fit's ckpt_path)
@@ -28,7 +30,8 @@ HEARTBEAT_SECONDS = "SPRITE_HEARTBEAT_SECONDS"  # the most often a rank rewrites
 PREEMPT_SIGNAL = "SPRITE_PREEMPT_SIGNAL"  # USR1 | USR2 | none: the signal on which ranks checkpoint and stop (exit 75)
 JOB_SCRIPT = "SPRITE_JOB_SCRIPT"  # set by a job script that may requeue: its own path, to submit it again (PBS)
 
-ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS)
+ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS,
+       LOG_DIR, CONSOLE_RANKS)
 
 # Values both halves accept for SPRITE_ACCELERATOR and SPRITE_STRATEGY ("auto": decide inside the rank).
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")

@@ -2,41 +2,29 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from sprite import allocation, contract, schedulers, secret_env, sites, world
+from sprite import allocation, contract, devicecount, schedulers, secret_env, sites, world
 
 
-def count_devices() -> tuple[str, int]:
-    """(device type, count) visible from here: NVIDIA GPUs via nvidia-smi, Intel GPUs via /dev/dri, else CPUs."""
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-            gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
-            if gpus:
-                return "cuda", len(gpus)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    intel = [p for p in glob.glob("/sys/class/drm/renderD*/device/vendor") if Path(p).read_text().strip() == "0x8086"]
-    if intel and os.environ.get("ZE_FLAT_DEVICE_HIERARCHY", "FLAT") == "FLAT":
-        return "xpu", len(intel)
-    return "cpu", os.cpu_count() or 1
+def count_devices(environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys") -> tuple[str, int]:
+    """(device type, count) torch would see from here (``sprite.devicecount``), else ("cpu", CPU cores)."""
+    kind, count = devicecount.visible(environ, sysfs)
+    return (kind, count) if count else ("cpu", os.cpu_count() or 1)
 
 
-def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ) -> dict:
+def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys") -> dict:
     """A summary of scheduler, hosts, ranks per node, devices, backend, the site's rank environment (secrets
     masked) and the names of this environment's variables the site's patterns make secrets (values never shown).
     Raises UsageError for a bad site."""
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     site = sites.load(site_name or environ.get("SPRITE_SITE") or "local")
-    device, count = count_devices()
+    device, count = count_devices(environ, sysfs)
     accelerator = site.job.get("accelerator", "auto")
     site_env = site.job.get("env", {})
 
@@ -44,13 +32,14 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
         return secret_env.is_secret(name, site.job.get("secrets", ()), site.secret_patterns)
 
     kind = device if accelerator == "auto" else accelerator
+    here = devicecount.default_ranks(accelerator, environ, sysfs) if alloc.scheduler == "none" else None
     return {
         "scheduler": alloc.scheduler,
         "job_id": alloc.job_id,
         "hosts": list(alloc.hosts),
         "nodes": len(alloc.hosts),
         "site": site.name,
-        "ranks_per_node": world.ranks_per_node(None, site, alloc.tasks_per_node),
+        "ranks_per_node": world.ranks_per_node(None, site, alloc.tasks_per_node, here),
         "launcher": site.job.get("launcher", "auto"),
         "mpi": site.mpi,
         "devices_here": {"type": device, "count": count},

@@ -26,7 +26,8 @@ from sprite.spec import JobSpec
 
 TEMPLATE = "job.sh.tmpl"
 VALUE_FLAGS = ("nodes", "devices", "accelerator", "strategy", "precision", "launcher", "mpi", "master_port", "resume",
-               "stall_timeout", "first_step_timeout", "save_timeout", "retries", "spare_nodes", "preempt_signal")
+               "stall_timeout", "first_step_timeout", "save_timeout", "retries", "spare_nodes", "preempt_signal",
+               "cpu_bind", "log_dir", "ranks")
 
 
 def check_text(key: str, text: str) -> str:

@@ -15,7 +15,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from sprite import allocation, contract, launchers, preemption, rendezvous, schedulers, secret_env, sites, world, yamldoc
+from sprite import allocation, contract, devicecount, launchers, preemption, rank_output, rendezvous, schedulers
+from sprite import secret_env, sites, world, yamldoc
 from sprite import spec as specmod
 from sprite.allocation import Allocation
 from sprite.errors import UsageError
@@ -48,6 +49,8 @@ class LaunchPlan:
     cwd: str | None = None
     notes: tuple[str, ...] = ()  # what sprite decided over the caller's environment, for stderr
     secret: frozenset = frozenset()
+    output_notes: tuple[str, ...] = ()  # where the ranks' output goes (console filter, log files), before launch
+    log_dir: str | None = None  # every rank's DIR/rank<N>.log; made fresh before the ranks start
 
     def to_json(self) -> str:
         return json.dumps({"argv": self.argv, "env": secret_env.mask(self.env, self.secret)}, indent=2)
@@ -61,6 +64,7 @@ class LaunchPlan:
             f"hosts      {hosts}",
             f"scheduler  {w.alloc.scheduler}" + (f", job {w.alloc.job_id}" if w.alloc.job_id else ""),
             "command    " + shlex.join(self.argv),
+            *(f"output     {note}" for note in self.output_notes),
             "environment",
         ]
         shown = secret_env.mask(self.env, self.secret)
@@ -77,7 +81,7 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     """Every variable sprite sets or overrides for the ranks: site and spec env (secrets and ``pass_env`` names
     with their values in ``ctx.environ``), rendezvous and the contract. Raises UsageError for an unset secret."""
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
-    addr = "127.0.0.1" if local else world.hosts[0]
+    addr = "127.0.0.1" if local else rendezvous.master_addr(world.hosts, site.rendezvous_domain)
     port = rendezvous.master_port(world.alloc.job_id, spec.master_port, ctx.pick_free_port)
     env = secret_env.resolve(spec, ctx.environ)
     env.update({
@@ -103,6 +107,7 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.PREEMPT_SIGNAL: preemption.effective(spec.preempt_signal),
     })
     env.update(ctx.run_env)
+    env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
     return env
 
 
@@ -116,9 +121,14 @@ def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> Launc
         raise UsageError("--requeue asks the batch system to run this job again, and this is no batch job.",
                          "Job scripts written by `sprite qsub`/`sprite sbatch` pass it when the spec says requeue.",
                          "Drop --requeue (or requeue: true) here, or submit the spec as a job.")
+    spec = replace(spec, log_dir=rank_output.attempt_dir(spec.log_dir, ctx.run_env.get(contract.ATTEMPT)))
     env = environment(spec, site, world, ctx)
+    site = replace(site, cpu_bind=spec.cpu_bind) if spec.cpu_bind else site
     argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
-    return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site))
+    argv = rank_output.launch_argv(world.flavour, argv, world.size, spec.log_dir, spec.ranks, ctx.python)
+    return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site),
+                      output_notes=tuple(rank_output.notes(world.size, spec.log_dir, spec.ranks)),
+                      log_dir=spec.log_dir)
 
 
 def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, str] = os.environ,
@@ -130,8 +140,8 @@ def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, st
     doc = yamldoc.load(spec_file) if spec_file else None
     file_layer = specmod.from_document(doc) if doc else {}
     flag_layer = specmod.from_flags(flags)
-    for key in ("script", "resume"):
-        if key in flag_layer and (key == "script" or flag_layer[key] not in contract.RESUME_MODES):
+    for key in ("script", "resume", "log_dir"):
+        if key in flag_layer and (key != "resume" or flag_layer[key] not in contract.RESUME_MODES):
             flag_layer[key] = specmod.absolute(flag_layer[key])
     site = sites.choose(flag_layer, file_layer, doc, environ)
     # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
@@ -173,7 +183,10 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     """
     job, site = assemble(flags, spec_file, environ, allow_literal_secrets)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
-    launched = world.resolve(job, site, alloc)
+    here = None
+    if alloc.scheduler == "none" and not job.devices and not site.job.get("devices"):
+        here = devicecount.default_ranks(job.accelerator, environ)  # as Trainer(devices="auto") would
+    launched = world.resolve(job, site, alloc, here)
     plan = build(job, site, launched, context(environ, run_env))
     notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
     return replace(plan, notes=notes)

@@ -1,8 +1,9 @@
 """Rendezvous: where rank 0 listens (MASTER_ADDR, MASTER_PORT), agreed by every node without talking.
 
-sprite owns both: the address is the first host it launches on (never a host left out with --exclude), and the
-port comes from, in order, an explicit value (--master-port or the spec's master_port), a hash of the scheduler
-job id (so every node and every rank computes the same number), or a free port of this machine for local runs.
+sprite owns both: the address is the first host it launches on (never a host left out with --exclude; at a site
+whose profile names a high-speed network, ``rendezvous_domain``, the host's name on it), and the port comes from,
+in order, an explicit value (--master-port or the spec's master_port), a hash of the scheduler job id (so every
+node and every rank computes the same number), or a free port of this machine for local runs.
 Values inherited from the caller's environment are replaced, with a note saying so (``replaced``).
 """
 
@@ -31,6 +32,12 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def master_addr(hosts: tuple[str, ...], domain: str | None = None) -> str:
+    """The first host sprite launches on; with ``domain`` (a site's high-speed network, e.g.
+    ``hsn.cm.aurora.alcf.anl.gov``) that host's short name in it, so the rendezvous runs over that network."""
+    return f"{hosts[0].split('.')[0]}.{domain}" if domain else hosts[0]
 
 
 def master_port(job_id: str, explicit: int | None, pick_free: Callable[[], int] = free_port) -> int:

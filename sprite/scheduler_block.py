@@ -140,3 +140,16 @@ def _output_dir(given: dict, doc: YamlDoc, cwd: str, complain_for: Callable) -> 
             "character a #PBS/#SBATCH directive cannot hold.",
             f"scheduler.output_dir set to a path of {sv.TOKEN_ALLOWED}")
     return folder
+
+
+def check_account(block: SchedulerBlock, site, doc: YamlDoc) -> str | None:
+    """None when the block names an account or the site needs none; a warning line when the site's profile says
+    ``require_account: warn``. Raises SpecError naming the spec when it says ``refuse``."""
+    if block.account or not site.require_account:
+        return None
+    what = f"no account is given, and {site.name} charges every job to one (qsub/sbatch -A)"
+    if site.require_account == "refuse":
+        raise doc.error(("scheduler", "account"), f"{what}; the scheduler would refuse the job.",
+                        "your project's allocation name, e.g. account: MyProject")
+    return (f"{doc.source}: scheduler.account: {what}; the job will be charged to your default project. "
+            "Set scheduler.account to choose it.")

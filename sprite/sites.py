@@ -20,13 +20,15 @@ from sprite import yamldoc
 from sprite.errors import SpecError, UsageError, one_line, show
 
 PROFILE_KEYS = (
-    "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "limits", "job", "submit",
-    "queues", "secret_patterns",
+    "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "rendezvous_domain",
+    "require_account", "limits", "job", "submit", "queues", "secret_patterns",
 )
+ACCOUNT_RULES = ("refuse", "warn")  # require_account: what sprite qsub/sbatch does with a spec that names none
 SCALARS = {"name": sv.name, "description": v.string,
            "scheduler": lambda value, complain: v.choice(schedulers.names())(value, complain),  # the registry now
            "mpi": v.choice(specmod.MPI_FLAVOURS[1:]), "cpu_bind": sv.token, "depth": v.per_node,
-           "cpus_per_task": v.per_node, "secret_patterns": v.text_list}
+           "cpus_per_task": v.per_node, "secret_patterns": v.text_list, "rendezvous_domain": sv.token,
+           "require_account": v.choice(ACCOUNT_RULES)}
 # Site facts that bound a job: nodes of the machine, ranks a node can hold (its hardware threads).
 LIMITS = {"max_nodes": v.nodes, "max_ranks_per_node": v.ranks_per_node}
 
@@ -42,6 +44,8 @@ class SiteProfile:
     cpu_bind: str | None = None
     depth: int | None = None
     cpus_per_task: int | None = None
+    rendezvous_domain: str | None = None  # MASTER_ADDR = <first host's short name>.<this domain>
+    require_account: str | None = None  # "refuse" or "warn" when a submission names no account
     limits: dict = field(default_factory=dict)
     job: dict = field(default_factory=dict)
     submit: dict = field(default_factory=dict)

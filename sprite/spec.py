@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from sprite import contract
+from sprite import contract, rank_output
 from sprite import env_values as ev
+from sprite import scheduler_values as sv
 from sprite import values as v
 from sprite.errors import Complain, UsageError, one_line, show
 from sprite.yamldoc import YamlDoc
@@ -55,6 +56,9 @@ class JobSpec:
     spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
     preempt_signal: str | None = None  # USR1 | USR2 | none (contract.PREEMPT_SIGNAL); None: preemption.DEFAULT
     requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
+    log_dir: str | None = None  # one output file per rank, DIR/rank<N>.log
+    ranks: str | None = None  # console filter: "0", "all" or a list; None: all up to 16 ranks, else 0
+    cpu_bind: str | None = None  # the launcher's --cpu-bind value, over the site profile's
     # Where each value was written ("job.yaml:3: key 'nodes'", "--nodes"), so a later refusal can name it.
     origins: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -78,7 +82,8 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
     "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
-    "preempt_signal": v.signal_name, "requeue": v.flag,
+    "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": rank_output.check_ranks,
+    "cpu_bind": sv.token,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -103,8 +108,8 @@ def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     line and key.
     """
     checked = check_values(doc.mapping(section), doc.complainer(section))
-    for key in ("script", "resume"):
-        if key in checked and (key == "script" or checked[key] not in contract.RESUME_MODES):
+    for key in ("script", "resume", "log_dir"):
+        if key in checked and (key != "resume" or checked[key] not in contract.RESUME_MODES):
             checked[key] = absolute(Path(doc.source).parent / checked[key])
     return checked
 

@@ -12,6 +12,7 @@ with umask 077, the default job umask of PBS Pro, so the job's log is owner-only
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -36,6 +37,8 @@ class Prepared:
     text: str
     script_path: str
     log_path: str
+    launch: tuple[str, ...] = ()  # the launch `sprite run` plans inside the job (placeholder hosts and job id)
+    warnings: tuple[str, ...] = ()  # what the site would object to without refusing the job
     block: SchedulerBlock | None = None
     body: tuple = ()  # (run argv, ranks per node, spec path, working folder, export lines): for render
     pass_env: tuple = ()
@@ -45,7 +48,13 @@ class Prepared:
     def restem(self, stem: str) -> "Prepared":
         """The same job under the file name stem ``stem`` (its script and log paths change, nothing else)."""
         again = _render(self.kind, replace(self.block, stem=stem), *self.body)
-        return replace(again, pass_env=self.pass_env, secrets=self.secrets, literals=self.literals)
+        return replace(again, launch=self.launch, warnings=self.warnings, pass_env=self.pass_env,
+                       secrets=self.secrets, literals=self.literals)
+
+    def dry_run_text(self) -> str:
+        """The script, then the launch line inside the job as shell comments (so it stays a valid script)."""
+        return (self.text + "# sprite --dry-run: inside the job, `sprite run` will start (hosts and job id as the "
+                "scheduler grants them):\n# " + shlex.join(self.launch) + "\n")
 
 
 def locate_spec(name: str) -> str:
@@ -74,15 +83,16 @@ def _render(kind: str, block: SchedulerBlock, argv, devices, spec_path, cwd, exp
     scheduler = schedulers.get(kind)
     script = _script_path(block, scheduler)
     text = jobscript.render(block, argv, devices, spec_path, cwd, exports, script)
-    return Prepared(kind, text, script, scheduler.log_path(block), block,
-                    (argv, devices, spec_path, cwd, exports))
+    return Prepared(kind, text, script, scheduler.log_path(block), block=block,
+                    body=(argv, devices, spec_path, cwd, exports))
 
 
-def _plan_launch(job, site, scheduler: Scheduler, block: SchedulerBlock, devices: int, python: str) -> None:
-    """Plan the job's launch in the allocation its script requests. Raises UsageError when it cannot launch."""
+def _plan_launch(job, site, scheduler: Scheduler, block: SchedulerBlock, devices: int, python: str) -> list[str]:
+    """Plan the job's launch in the allocation its script requests; return its argv (placeholder hosts, for
+    --dry-run). Raises UsageError when it cannot launch."""
     excluded = allocation.unique(host for item in job.exclude for host in allocation.expand_hosts(item))
     hosts = (*excluded, *(f"planned-node-{n}" for n in range(1, block.nodes + 1)))[:block.nodes]
-    plan.plan_in(job, site, scheduler.requested_allocation(hosts, devices), python)
+    return plan.plan_in(job, site, scheduler.requested_allocation(hosts, devices), python).argv
 
 
 def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_secrets: bool = False) -> Prepared:
@@ -107,14 +117,16 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     literals = {name: value for name, value in file_layer.get("env", {}).items() if name in secret}
     passed = tuple(dict.fromkeys((*literals, *job.pass_env, *job.secrets)))
     block = replace(scheduler_block.resolve(kind, doc, site, job, cwd), pass_env=passed)
+    warning = scheduler_block.check_account(block, site, doc)
     python = block.python or sys.executable
     devices = jobscript.ranks_per_node(job, site)
-    _plan_launch(job, site, scheduler, block, devices, python)
+    launch = _plan_launch(job, site, scheduler, block, devices, python)
     argv = jobscript.run_argv(python, site, file_layer, job, block)
     body = (argv, devices, spec.absolute(spec_file), cwd, jobscript.exports(file_layer, secret))
     stem = jobfiles.free_stem(block.job_name, lambda s: _paths(replace(block, stem=s), scheduler))
     prepared = _render(kind, replace(block, stem=stem), *body)
-    return replace(prepared, pass_env=passed, secrets=job.secrets, literals=literals)
+    return replace(prepared, launch=tuple(launch), warnings=(warning,) if warning else (), pass_env=passed,
+                   secrets=job.secrets, literals=literals)
 
 
 def _paths(block: SchedulerBlock, scheduler: Scheduler) -> tuple[str, str]:

@@ -1,11 +1,13 @@
 """sprite's local launcher: start N ranks on this machine, label their output, and never leave one behind.
 
-    python -m sprite.supervisor --nproc 2 [--log-dir DIR] -- python -m sprite.runtime train.py
+    python -m sprite.supervisor --nproc 2 [--log-dir DIR] [--ranks 0] -- python -m sprite.runtime train.py
 
 Each rank gets RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (WORLD_SIZE and the rendezvous from the plan's
-environment); output lines are prefixed ``[rank N]``. When a rank fails, the others are stopped (SIGTERM, SIGKILL
-after a grace period) and the supervisor exits with its code; exit 75 (stopped for preemption) is no failure: the
-others get PREEMPT_WAIT s to do the same. SIGINT/SIGTERM stop every rank; SIGUSR1/SIGUSR2 are passed on.
+environment); output lines are prefixed ``[rank N]``; only the ranks ``--ranks`` names reach the console, and with
+``--log-dir`` every rank's lines go to ``DIR/rank<N>.log`` (a new file). When a rank fails, the others are stopped
+(SIGTERM, SIGKILL after a grace period) and the supervisor exits with its code; exit 75 (stopped for preemption) is
+no failure: the others get PREEMPT_WAIT s to do the same. SIGINT/SIGTERM stop every rank; SIGUSR1/SIGUSR2 are
+passed on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from sprite import owner_only
+from sprite import owner_only, rank_output
 from sprite.errors import EXIT_PREEMPTED
 
 GRACE_SECONDS = 5.0
@@ -41,17 +43,21 @@ def _die_with_parent() -> None:
 
 def _pump(stream, sink, prefix: bytes, log, lock: threading.Lock) -> None:
     for line in iter(stream.readline, b""):
-        with lock:
-            sink.write(prefix + line)
-            sink.flush()
+        if sink is not None:
+            with lock:
+                sink.write(prefix + line)
+                sink.flush()
         if log:
             log.write(line)
             log.flush()
     stream.close()
 
 
-def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock) -> tuple:
-    """Start one rank with its own process group; returns (Popen, pump threads, log file)."""
+def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock, console: bool = True) -> tuple:
+    """Start one rank with its own process group; returns (Popen, pump threads, log file).
+
+    Raises FileExistsError when ``log_dir`` already holds this rank's log (logs are never appended to).
+    """
     env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc),
            "NODE_RANK": "0", "GROUP_RANK": "0", "PYTHONUNBUFFERED": "1"}
     env.setdefault("WORLD_SIZE", str(nproc))
@@ -62,8 +68,9 @@ def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock
                             start_new_session=True, preexec_fn=_die_with_parent)
     log = owner_only.open_log(log_dir / f"rank{rank}.log") if log_dir else None
     prefix = f"[rank {rank}] ".encode()
+    sinks = (sys.stdout.buffer, sys.stderr.buffer) if console else (None, None)
     pumps = [threading.Thread(target=_pump, args=(s, sink, prefix, log, lock), daemon=True)
-             for s, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
+             for s, sink in zip((proc.stdout, proc.stderr), sinks)]
     for pump in pumps:
         pump.start()
     return proc, pumps, log
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
     parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log (0600, in 0700 "
                         "folders when sprite creates them)")
+    parser.add_argument("--ranks", default="all", help="ranks whose lines reach the console: all, 0 or a list")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -142,13 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need --nproc >= 1 and a command after --")
     if args.log_dir:
         owner_only.make_dirs(args.log_dir)
+        if any((args.log_dir / f"rank{rank}.log").exists() for rank in range(args.nproc)):
+            parser.error(f"{args.log_dir} already holds rank logs; pass a fresh --log-dir")
     received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM, *PASSED_ON):
         signal.signal(sig, lambda signum, frame: received.append(signum))
     if not shutil.which(cmd[0]):
         parser.error(f"cannot run {cmd[0]!r}: no such program on PATH")
     lock = threading.Lock()
-    started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock) for rank in range(args.nproc)]
+    shown = set(rank_output.members(args.ranks, args.nproc))
+    started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock, rank in shown) for rank in range(args.nproc)]
     code = supervise([proc for proc, _, _ in started], received)
     for _, pumps, log in started:
         for pump in pumps:

@@ -79,13 +79,16 @@ def _nodes(spec: JobSpec, alloc: Allocation, launcher: str) -> int:
     return nodes
 
 
-def ranks_per_node(requested: int | None, site: SiteProfile, granted: int | None = None) -> int:
-    """Ranks per node: as requested, else as the allocation grants (Slurm), else the site's default, else 1."""
-    return requested or granted or site.job.get("devices") or 1
+def ranks_per_node(requested: int | None, site: SiteProfile, granted: int | None = None,
+                   here: int | None = None) -> int:
+    """Ranks per node: as requested, else as the allocation grants (Slurm), else the site's default, else
+    ``here`` (one per visible accelerator on a machine without a scheduler, as ``Trainer(devices="auto")``), else 1.
+    """
+    return requested or granted or site.job.get("devices") or here or 1
 
 
-def _devices(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> int:
-    devices = ranks_per_node(spec.devices, site, alloc.tasks_per_node)
+def _devices(spec: JobSpec, site: SiteProfile, alloc: Allocation, here: int | None) -> int:
+    devices = ranks_per_node(spec.devices, site, alloc.tasks_per_node, here)
     if alloc.tasks_per_node and devices > alloc.tasks_per_node:
         raise UsageError(
             f"{spec.blame('devices') if spec.devices else f'--devices {devices}'} asks for more ranks per node "
@@ -102,8 +105,11 @@ def _flavour(spec: JobSpec, site: SiteProfile, launcher: str) -> str:
     return launcher
 
 
-def resolve(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> World:
-    """The world ``spec`` launches on ``alloc``. Raises UsageError for a request the allocation cannot hold."""
+def resolve(spec: JobSpec, site: SiteProfile, alloc: Allocation, here: int | None = None) -> World:
+    """The world ``spec`` launches on ``alloc``; ``here``: ranks per node this machine's devices suggest.
+
+    Raises UsageError for a request the allocation cannot hold.
+    """
     granted = alloc
     if spec.exclude:
         if alloc.scheduler == schedulers.NONE.name:
@@ -112,7 +118,7 @@ def resolve(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> World:
         alloc = allocmod.exclude(alloc, spec.exclude, spec.origins.get("exclude", "--exclude"))
     launcher = _launcher(spec, alloc)
     nodes = _nodes(spec, alloc, launcher)
-    devices = _devices(spec, site, alloc)
+    devices = _devices(spec, site, alloc, here if alloc.scheduler == "none" else None)
     if spec.strategy == "single" and nodes * devices > 1:
         raise UsageError(
             f"{spec.blame('strategy')} runs one rank, but the launch asks for {nodes} node(s) x {devices} "

@@ -1,12 +1,17 @@
 """`sprite bench` before anything runs: bad usage is one line and exit code 2, and every arm's launch plan (the
 plan `sprite run` executes; torchrun without sprite's runtime for the baselines) in Slurm, PBS and local
-worlds. Planning only: nothing is started."""
+worlds, and the progress lines of the launches. Planning only: nothing is started (a stand-in takes the
+launches' place in the progress test)."""
 
 from __future__ import annotations
 
-import pytest
+import io
 
-from sprite import cli
+import pytest
+from rich.console import Console
+
+from sprite import cli, execute
+from sprite.parity import bench_runner
 from sprite.parity.bench_runner import launches, plan_arm
 from sprite.parity.bench_settings import BenchSettings
 
@@ -60,7 +65,7 @@ def test_plans_inside_a_slurm_allocation_take_whole_nodes(clean_env, tmp_path):
     settings = BenchSettings(sweep=(1, 4, 8), devices=4, baselines=("raw", "lightning"))
     assert [settings.placement(w) for w in settings.sweep] == [(1, 1), (1, 4), (2, 4)]
     sprite = plan_arm(tmp_path, settings, 8, "sprite", 0, env)
-    assert sprite.argv[:7] == ["srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
+    assert sprite.argv[:8] == ["srun", "--label", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
     assert sprite.argv[-11:-9] == ["-m", "sprite.runtime"] and sprite.argv[-9].endswith("bench_step.py")
     assert sprite.env["SPRITE_WORLD_SIZE"] == "8" and sprite.argv[-8:] == [
         "--out", str(tmp_path), "--world", "8", "--arm", "sprite", "--repeat", "0"]
@@ -79,7 +84,7 @@ def test_plans_under_pbs_and_here(clean_env, tmp_path):
     nodefile.write_text("x1\nx2\n")
     pbs = {**clean_env, "PBS_JOBID": "1.pbs", "PBS_NODEFILE": str(nodefile)}
     settings = BenchSettings(sweep=(24,), devices=12)
-    assert plan_arm(tmp_path, settings, 24, "sprite", 0, pbs).argv[:5] == ["mpiexec", "-n", "24", "-ppn", "12"]
+    assert plan_arm(tmp_path, settings, 24, "sprite", 0, pbs).argv[:6] == ["mpiexec", "-prepend-rank", "-n", "24", "-ppn", "12"]
     here = plan_arm(tmp_path, BenchSettings(), 2, "sprite", 0, clean_env)
     assert here.argv[1:5] == ["-m", "sprite.supervisor", "--nproc", "2"]
     raw = plan_arm(tmp_path, BenchSettings(), 2, "raw", 0, clean_env)
@@ -102,3 +107,17 @@ def test_missing_recipe_packages_are_named(capsys, tmp_path, monkeypatch):
     assert code == 2 and "sprite bench needs peft, not installed here." in err and "sprite-hpc[parity]" in err
     code, err = run_cli(capsys, "--out", str(tmp_path / "run"), "--full", "--sweep", "0")
     assert code == 2 and "--sweep '0'" in err  # --full needs no peft: validation goes on to the next flag
+
+
+def test_launches_show_their_state_elapsed_time_and_what_is_left(tmp_path, monkeypatch):
+    codes = iter([0, 0, 3, 0])  # the third launch (world 2, sprite) fails
+    monkeypatch.setattr(bench_runner, "plan_arm", lambda *args: None)  # the stand-in below needs no plan
+    monkeypatch.setattr(execute, "run_plan", lambda plan, log_path: next(codes))
+    console = Console(file=io.StringIO(), force_terminal=False, width=200, color_system=None)
+    results = bench_runner.run_all(tmp_path, BenchSettings(sweep=(1, 2), baselines=("raw",)), console)
+    assert [r["exit_code"] for r in results] == [0, 0, 3, 0]
+    lines = console.file.getvalue().splitlines()
+    assert lines[0] == "[1/4] world 1 sprite #1: 1 process ..."  # in a log: one line per start and per end
+    assert lines[1].startswith("[1/4] world 1 sprite #1: done in ") and lines[1].endswith(" left")
+    assert lines[5].startswith("[3/4] world 2 sprite #1: failed, exit code 3, see ")
+    assert "about" in lines[3] and lines[-1].endswith("about 0 s left")

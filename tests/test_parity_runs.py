@@ -32,7 +32,7 @@ def invoke(*args: str):
 
 def _run(tmp_path_factory, name: str, *args: str):
     out = tmp_path_factory.mktemp(name) / "run"
-    code, text = invoke("--out", str(out), *args)
+    code, text = invoke("run", "--out", str(out), "--details", *args)
     return out, code, text
 
 
@@ -71,7 +71,10 @@ def test_fp32_parity_passes(fixture, request):
     world = int(fixture[-1])
     devices = [c["value"] for c in report["checks"] if c["family"] == "devices"]
     assert devices == [world, world]
-    assert "verdict: pass" in text and "ddp pre-norm rel" in text
+    assert "verdict: pass" in text and "ddp pre-norm rel" in text  # --details: every check's table
+    assert text.index("verdict: pass") < text.index("FP32 parity (report.json)")  # the verdict comes first
+    assert "[1/3] ref: 1 process ..." in text and "about" in text  # progress, as lines when not a terminal
+    assert (out / "gaps.png").read_bytes().startswith(b"\x89PNG") and f"per-step gaps: {out}" in text
 
 
 @pytest.mark.parametrize("fixture", ["bf16_2", "bf16_3"])
@@ -115,6 +118,12 @@ def test_compare_recomputes_the_verdict_on_a_copy(fp32_2, tmp_path):
     code, text = invoke("compare", str(copy))
     assert code == 0, text
     assert _report(copy, "report.json")["checks"] == _report(out, "report.json")["checks"]
+    assert "verdict: pass" in text and "FP32 parity" not in text  # without --details: verdict and summary
+    result = CliRunner().invoke(app, ["compare", "--json", str(copy)])
+    printed = json.loads(result.stdout)
+    assert result.exit_code == 0 and printed["verdict"] == "pass"
+    assert printed["reports"]["report.json"]["checks"] == _report(out, "report.json")["checks"]
+    assert len(printed["reports"]["report.json"]["per_step"]["ddp vs ref"]) == 5
 
 
 def test_compare_fails_clearly_on_a_corrupted_arm_result(fp32_2, tmp_path):
@@ -149,7 +158,7 @@ def test_missing_fault_case_is_not_executed_and_fails(bf16_2, tmp_path):
 def test_rerun_into_a_used_directory_is_refused(fp32_2):
     out = fp32_2[0]
     before = (out / "ddp" / "sprite-manifest.json").read_bytes()
-    code, text = invoke("--out", str(out), "--devices", "2")
+    code, text = invoke("run", "--out", str(out), "--devices", "2")
     assert code == 2 and "not empty" in text
     assert (out / "ddp" / "sprite-manifest.json").read_bytes() == before
 
@@ -163,11 +172,11 @@ def test_reports_are_strict_json(bf16_2):
     (["--precision", "fp8"], "--precision"),
     (["--devices", "1"], "more than one rank"),
     (["--fault", "missing-rank"], "bf16-mixed"),
-    (["--precision", "bf16-mixed", "--fault", "bogus"], "Unknown --fault"),
+    (["--precision", "bf16-mixed", "--fault", "bogus"], "--fault"),
     (["--model", "Qwen/Qwen2.5-0.5B"], "hub"),
 ])
 def test_bad_usage_exits_2_before_running(args, words, tmp_path):
-    code, text = invoke("--out", str(tmp_path / "never"), *args)
+    code, text = invoke("run", "--out", str(tmp_path / "never"), *args)
     assert code == 2 and words in text
     assert not (tmp_path / "never").exists()
 

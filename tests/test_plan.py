@@ -39,12 +39,13 @@ def test_aurora_fsdp_plan_through_cli(pbs_env, sprite_cmd, example_script):
     plan = json.loads(out.stdout)
     assert set(plan) == {"argv", "env"}
     argv, env = plan["argv"], plan["env"]
-    assert argv[:5] == ["mpiexec", "-n", "24", "--ppn", "12"]
-    assert argv[argv.index("--cpu-bind") + 1].startswith("list:1-8:9-16:")
+    assert argv[:7] == ["mpiexec", "--label", "--line-buffer", "-n", "24", "--ppn", "12"]
+    assert argv[argv.index("--cpu-bind") + 1].startswith("list:4-7:8-11:")
     assert "--envall" in argv and "--hosts" not in argv  # whole allocation: PALS takes it from PBS
     assert argv[-5:] == ["-m", "sprite.runtime", example_script, "--max-steps", "3"]
     assert env["ZE_FLAT_DEVICE_HIERARCHY"] == "FLAT"
-    assert env["MASTER_ADDR"] == AURORA_HOSTS[0]
+    assert env["MASTER_ADDR"] == AURORA_HOSTS[0] + ".hsn.cm.aurora.alcf.anl.gov"  # the high-speed network
+    assert env["SPRITE_CONSOLE_RANKS"] == "0"  # 24 ranks: only rank 0 on the console by default
     assert env["MASTER_PORT"] == str(rendezvous.port_from_job_id(PBS_JOB))
     assert env["WORLD_SIZE"] == env[contract.WORLD_SIZE] == "24"
     assert env[contract.STRATEGY] == "fsdp" and env[contract.LAUNCHER] == "pals"
@@ -54,7 +55,7 @@ def test_aurora_fsdp_plan_through_cli(pbs_env, sprite_cmd, example_script):
 def test_slurm_plan_uses_srun_and_allocation_tasks(slurm_env, example_script):
     plan = plan_run({"script": example_script, "site": "perlmutter", "strategy": "ddp"}, slurm_env)
     argv = plan.argv
-    assert argv[:7] == ["srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
+    assert argv[:8] == ["srun", "--label", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
     assert "--kill-on-bad-exit=1" in argv and "--nodelist" not in argv
     assert plan.env["MASTER_ADDR"] == "nid001"
     assert plan.env["MASTER_PORT"] == str(rendezvous.port_from_job_id("4242"))
@@ -74,7 +75,7 @@ def test_exclude_and_fewer_nodes_name_hosts(pbs_env, tmp_path, example_script):
     env = {**pbs_env, "PBS_NODEFILE": str(nodefile)}
     plan = plan_run({"script": example_script, "site": "aurora", "exclude": ["a2"]}, env)
     assert plan.argv[plan.argv.index("--hosts") + 1] == "a1,a3"
-    assert plan.argv[2] == "24"
+    assert plan.argv[plan.argv.index("-n") + 1] == "24"
     plan = plan_run({"script": example_script, "site": "aurora", "nodes": 1}, env)
     assert plan.argv[plan.argv.index("--hosts") + 1] == "a1" and plan.env["WORLD_SIZE"] == "12"
 
@@ -93,10 +94,12 @@ def test_inherited_rendezvous_is_replaced_with_a_note(pbs_env, tmp_path, example
     nodefile.write_text("a1\na2\na3\n")
     env = {**pbs_env, "PBS_NODEFILE": str(nodefile), "MASTER_ADDR": "a1", "MASTER_PORT": "23456"}
     plan = plan_run({"script": example_script, "site": "aurora", "exclude": ["a1"]}, env)
-    assert plan.env["MASTER_ADDR"] == "a2" and plan.env["MASTER_PORT"] != "23456"
+    hsn = ".hsn.cm.aurora.alcf.anl.gov"  # Aurora's profile: the rendezvous runs over the high-speed network
+    assert plan.env["MASTER_ADDR"] == "a2" + hsn and plan.env["MASTER_PORT"] != "23456"
     assert [note.split("=")[0] for note in plan.notes] == ["note: MASTER_ADDR", "note: MASTER_PORT"]
-    assert "replaced by a2" in plan.notes[0] and "--master-port" in plan.notes[1]
-    quiet = plan_run({"script": example_script, "site": "aurora"}, {**pbs_env, "MASTER_ADDR": AURORA_HOSTS[0]})
+    assert f"replaced by a2{hsn}" in plan.notes[0] and "--master-port" in plan.notes[1]
+    quiet = plan_run({"script": example_script, "site": "aurora"},
+                     {**pbs_env, "MASTER_ADDR": AURORA_HOSTS[0] + hsn})
     assert quiet.notes == ()  # the same value: nothing to say
 
 
@@ -118,7 +121,8 @@ def test_local_plan_uses_supervisor_and_loopback(clean_env, example_script):
 
 def test_other_flavours(clean_env, slurm_env, example_script):
     hydra = plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec"}, clean_env)
-    assert hydra.argv[:5] == ["mpiexec", "-n", "2", "-ppn", "2"] and hydra.env[contract.LAUNCHER] == "hydra"
+    assert hydra.argv[:6] == ["mpiexec", "-prepend-rank", "-n", "2", "-ppn", "2"]
+    assert hydra.env[contract.LAUNCHER] == "hydra"
     ompi = plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec", "mpi": "openmpi"},
                            clean_env)
     exported = {ompi.argv[i + 1] for i, arg in enumerate(ompi.argv) if arg == "-x"}

@@ -188,11 +188,16 @@ def _submit(cluster, root: Path, tag: str, hold: int) -> str:
     return done.stdout.split("submitted slurm job ")[1].split()[0]
 
 
+def _log(root: Path, tag: str, job_id: str) -> Path:
+    """The job's log: its script is the first submission named ``tag``, so ``<tag>-1`` (sprite.jobfiles)."""
+    return root / "sprite-jobs" / f"{tag}-1-{job_id}.log"
+
+
 def _preempt_and_finish(cluster, root: Path, tag: str, job_id: str, scancel_flags: list) -> dict:
     wait_held(root / f"hold-{tag}", lambda: cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"))
     subprocess.run(["scancel", *scancel_flags, "--signal=USR1", job_id], env=cluster.env, check=True, timeout=60)
     if "--batch" in scancel_flags:  # to `sprite run`, which says so before it passes the signal to srun
-        wait_for(root / "sprite-jobs" / f"{tag}-1-{job_id}.log", "sprite: received SIGUSR1; passing it to the launcher.")
+        wait_for(_log(root, tag, job_id), "sprite: received SIGUSR1; passing it to the launcher.")
     time.sleep(SETTLE)  # scancel returns once slurmctld has the request; the ranks get it from their slurmstepd
     (root / f"hold-{tag}" / "go").touch()
     deadline, lifted = time.monotonic() + 400, False
@@ -208,7 +213,7 @@ def _preempt_and_finish(cluster, root: Path, tag: str, job_id: str, scancel_flag
         if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
         time.sleep(0.5)
-    log = root / "sprite-jobs" / f"{tag}-1-{job_id}.log"
+    log = _log(root, tag, job_id)
     folder = root / "sprite-runs"
     runs = sorted(folder.iterdir(), key=lambda p: audit.read(p / "audit.jsonl")[0]["time"]) if folder.is_dir() else []
     return {"info": info, "lifted": lifted, "log": log.read_text() if log.exists() else "", "runs": runs}

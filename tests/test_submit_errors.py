@@ -61,7 +61,7 @@ def test_missing_scheduler_command_is_one_line_exit_2(sprite_cmd, tmp_path):
 def test_bad_job_id_and_scheduler_flag(sprite_cmd):
     assert "is not a job id" in one_line_error(subprocess.run([*sprite_cmd, "cancel", "--", "-1;rm"],
                                                               capture_output=True, text=True))
-    assert "Allowed: pbs, slurm" in one_line_error(subprocess.run(
+    assert "'lsf' is not one of 'pbs', 'slurm'" in one_line_error(subprocess.run(
         [*sprite_cmd, "status", "1", "--scheduler", "lsf"], capture_output=True, text=True))
 
 

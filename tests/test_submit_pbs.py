@@ -45,6 +45,9 @@ def test_aurora_script_runs_two_ranks_under_pals_stand_in(copies, tmp_path, clea
     (bin_dir / "mpiexec").symlink_to(FAKE)
     nodefile = tmp_path / "nodefile"
     nodefile.write_text((socket.gethostname() + "\n") * copies)
+    # On Aurora the rendezvous host is the first node's high-speed-network name (<host>.hsn.cm.aurora.alcf.anl.gov,
+    # the profile's rendezvous_domain); that name does not resolve here, so the fake PALS gives the ranks the host's
+    # own name (tests/fakes/pals_mpiexec).
     env = {**clean_env, "PBS_JOBID": "4242.aurora-pbs-fake", "PBS_NODEFILE": str(nodefile),
            "REAL_MPIEXEC": str(HYDRA), "PATH": f"{bin_dir}{os.pathsep}{clean_env.get('PATH', '')}"}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)

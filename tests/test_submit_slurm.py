@@ -5,6 +5,7 @@ The qsub test uses Slurm's PBS-compatible qsub (apt slurm-wlm-torque): its #PBS 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -32,15 +33,21 @@ def submitted(done: subprocess.CompletedProcess) -> tuple[str, Path]:
 
 
 def test_sbatch_local_example_runs_two_ranks_to_completion(slurm, sprite_cmd, tmp_path):
-    job_id, log = submitted(sprite(sprite_cmd, slurm, tmp_path, "sbatch", str(REPO / "conf" / "local.job.yaml")))
-    assert log == tmp_path / "sprite-jobs" / f"local-1-{job_id}.log"
-    assert (tmp_path / "sprite-jobs" / "local-1.sbatch").is_file()
+    record = json.loads(sprite(sprite_cmd, slurm, tmp_path, "sbatch", "--json",
+                               str(REPO / "conf" / "local.job.yaml")).stdout)
+    job_id, log = record["job_id"], Path(record["log"])
+    assert log == tmp_path / "sprite-jobs" / f"local-1-{job_id}.log"  # the new <job>-<n> name, reported as made
+    assert record["script"] == str(tmp_path / "sprite-jobs" / "local-1.sbatch") and Path(record["script"]).is_file()
+    assert record["launch"][:2] == ["srun", "--label"]  # what `sprite run` starts inside the job
     info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=180)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
-    assert re.search(r"rank 0/2: final loss \d", text) and re.search(r"rank 1/2: final loss \d", text), text[-3000:]
+    assert re.search(r"0: rank 0/2: final loss \d", text) and re.search(r"1: rank 1/2: final loss \d", text), text[-3000:]
     status = sprite(sprite_cmd, slurm, tmp_path, "status", job_id).stdout
     assert "JobState=COMPLETED" in status and "ExitCode=0:0" in status
+    parsed = json.loads(sprite(sprite_cmd, slurm, tmp_path, "status", "--json", job_id).stdout)
+    assert parsed["source"] in ("squeue --json", "scontrol --json show job")  # Slurm 22.05: squeue's own JSON
+    assert (parsed["job_id"], parsed["state"], parsed["exit_code"], parsed["name"]) == (job_id, "COMPLETED", 0, "local")
 
 
 def _spec(tmp_path, script: str, scheduler: dict, **job) -> str:
@@ -56,6 +63,7 @@ def test_cancel_a_running_job(slurm, sprite_cmd, tmp_path):
     job_id, _ = submitted(sprite(sprite_cmd, slurm, tmp_path, "sbatch", _spec(tmp_path, "sleeper.py", {})))
     slurm.wait_state(job_id, ("RUNNING",), timeout=60)
     assert "RUNNING" in sprite(sprite_cmd, slurm, tmp_path, "status", job_id).stdout
+    assert json.loads(sprite(sprite_cmd, slurm, tmp_path, "status", "--json", job_id).stdout)["state"] == "RUNNING"
     sprite(sprite_cmd, slurm, tmp_path, "cancel", job_id)
     assert slurm.wait_state(job_id, ("CANCELLED", "COMPLETED", "FAILED"), timeout=60)["JobState"] == "CANCELLED"
 
@@ -95,3 +103,21 @@ def test_qsub_through_slurms_pbs_wrapper(slurm, sprite_cmd, tmp_path):
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["NumTasks"] == "2" and info["JobName"] == "pbs-hello", text
     assert "hello from rank 0" in text and "hello from rank 1" in text
+
+
+HELLO = """import os, sys
+print("hello from", os.environ["SLURM_PROCID"])
+print("note from", os.environ["SLURM_PROCID"], file=sys.stderr)
+"""
+
+
+def test_srun_writes_one_file_per_rank_and_the_console_follows_the_chosen_rank(slurm, sprite_cmd, tmp_path):
+    (tmp_path / "hello.py").write_text(HELLO)
+    done = subprocess.run(["salloc", "-n", "2", *sprite_cmd, "run", "--accelerator", "cpu", "--ranks", "1",
+                           "--log-dir", "logs", "hello.py"], env=slurm.env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        lines = (tmp_path / "logs" / f"rank{rank}.log").read_text().splitlines()
+        assert sorted(lines) == [f"{rank}: hello from {rank}", f"{rank}: note from {rank}"], lines
+    assert "1: hello from 1" in done.stdout and "0: hello" not in done.stdout  # srun --label, rank 1 only

@@ -112,3 +112,17 @@ def test_usr1_and_usr2_reach_every_rank_which_keeps_running(tmp_path):
     assert proc.returncode == 0, err  # the ranks finished their sleep: the signals did not stop them
     assert sorted(p.name for p in tmp_path.glob("sig*")) == sorted(
         f"sig{int(sig)}-{rank}" for sig in (signal.SIGUSR1, signal.SIGUSR2) for rank in (0, 1))
+
+
+def test_console_filter_keeps_every_rank_in_its_log(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    cmd = [sys.executable, "-m", "sprite.supervisor", "--nproc", "3", "--ranks", "1", "--log-dir",
+           str(tmp_path / "logs"), "--", sys.executable, str(script), str(tmp_path)]
+    done = subprocess.run(cmd, env={**os.environ, "WORLD_SIZE": "3"}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if "hello" in line] == ["[rank 1] hello from 1 of 3 local 1"]
+    for rank in range(3):
+        assert f"hello from {rank}" in (tmp_path / "logs" / f"rank{rank}.log").read_text()
+    again = subprocess.run(cmd, env={**os.environ, "WORLD_SIZE": "3"}, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "already holds rank logs" in again.stderr

@@ -12,7 +12,7 @@ import runpy
 import sys
 import warnings
 
-from sprite.errors import EXIT_USAGE, SpriteError, UsageError, report
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError, one_line, report
 
 USAGE = "usage: python -m sprite.runtime SCRIPT [ARGS...]"
 
@@ -93,11 +93,26 @@ def _start_heartbeat(cfg) -> None:
 
 
 def main() -> int:
+    from sprite.runtime import output
+
+    split = None
+    output.whole_lines()
     try:
+        split = output.install(os.environ)  # --log-dir / --ranks: before anything prints
         run(sys.argv[1:])
     except SpriteError as err:
         print(report(err), file=sys.stderr, flush=True)
+        if split:
+            split.failed(one_line(str(err), 300))
         return err.exit_code if err.exit_code else EXIT_USAGE
+    except SystemExit as exit:
+        if split and exit.code not in (0, None):
+            split.failed(f"the script exited with code {exit.code}")
+        raise
+    except BaseException as err:  # the traceback goes to the rank's own output; the console gets one line
+        if split:
+            split.failed(one_line(f"{type(err).__name__}: {err}", 300))
+        raise
     return 0
 
 

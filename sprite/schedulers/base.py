@@ -107,6 +107,12 @@ class Scheduler:
         """The system's view of ``job_id``. ``run(argv, what)`` raises UsageError when a client fails."""
         raise NotImplementedError
 
+    def status_record(self, job_id: str, run: Callable[[list[str], str], subprocess.CompletedProcess],
+                      program: Callable[[str], str]) -> dict:
+        """The system's own JSON view of ``job_id`` as one record: scheduler, job_id, name, state, reason,
+        exit_code, nodes, log, source (the command it came from). Raises UsageError when a client fails."""
+        raise NotImplementedError
+
     def cancel_argv(self, job_id: str, program: Callable[[str], str]) -> list[str]:
         """The command that cancels ``job_id``."""
         raise NotImplementedError

@@ -6,6 +6,7 @@ were checked to be directive-safe tokens when the block was validated; ``directi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -16,6 +17,31 @@ from sprite.errors import UsageError, one_line
 from sprite.schedulers.base import Scheduler
 
 REQUEUE_COUNT = "SPRITE_REQUEUE_COUNT"  # given to a resubmitted job by requeue_argv: how many runs came before
+
+
+# PBS Pro's one-letter job states (qstat(1B), "Job states").
+STATES = {"B": "BEGUN", "E": "EXITING", "F": "FINISHED", "H": "HELD", "M": "MOVED", "Q": "QUEUED", "R": "RUNNING",
+          "S": "SUSPENDED", "T": "TRANSIT", "U": "USER_SUSPENDED", "W": "WAITING", "X": "EXPIRED"}
+
+
+def parse_qstat_json(text: str, job_id: str) -> dict | None:
+    """The normalised record of ``job_id`` in ``qstat -f -F json`` output (None if absent). Job keys carry the
+    server name ("123.aurora-pbs-0001..."), so a bare number matches the key's first part.
+
+    Raises ValueError when ``text`` is not PBS Pro's JSON.
+    """
+    jobs = json.loads(text).get("Jobs", {})
+    if not isinstance(jobs, dict):
+        raise ValueError("no 'Jobs' mapping")
+    for key, job in jobs.items():
+        if key == job_id or key.split(".")[0] == job_id:
+            code = job.get("Exit_status")
+            return {"scheduler": "pbs", "job_id": key, "name": job.get("Job_Name"),
+                    "state": STATES.get(job.get("job_state"), job.get("job_state")), "reason": job.get("comment"),
+                    "exit_code": code if isinstance(code, int) else None, "nodes": job.get("exec_host"),
+                    "log": str(job.get("Output_Path", "")).split(":", 1)[-1] or None, "queue": job.get("queue"),
+                    "account": job.get("Account_Name"), "source": "qstat -f -F json"}
+    return None
 
 
 class PBS(Scheduler):
@@ -130,6 +156,20 @@ class PBS(Scheduler):
 
     def status(self, job_id, run, program) -> str:
         return run([program("qstat"), job_id], f"qstat {job_id}").stdout.rstrip()
+
+    def status_record(self, job_id, run, program) -> dict:
+        """``qstat -x -f -F json`` (-x: finished jobs too, from the server's job history)."""
+        text = run([program("qstat"), "-x", "-f", "-F", "json", job_id], f"qstat -f -F json {job_id}").stdout
+        try:
+            record = parse_qstat_json(text, job_id)
+        except ValueError:
+            raise UsageError(f"qstat -f -F json {job_id} printed no PBS Pro JSON.",
+                             "This qstat is not PBS Pro's (Slurm's and Torque's PBS-style qstat have no -F json).",
+                             "Run it on a PBS Pro login node, or leave out --json.") from None
+        if record is None:
+            raise UsageError(f"qstat knows no job {job_id}.", "The id is mistyped or the job left the history.",
+                             "Pass the id that sprite qsub printed.")
+        return record
 
     def cancel_argv(self, job_id, program) -> list[str]:
         return [program("qdel"), job_id]

@@ -3,6 +3,7 @@ scontrol / scancel, and srun as its own launcher."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Callable, Mapping
 
@@ -27,11 +28,54 @@ def expand_nodelist(text: str) -> tuple[str, ...]:
         ) from None
 
 
+def _exit_code(value) -> int | None:
+    """The job's exit code from Slurm's JSON: a raw wait status (22.05) or {"return_code": {"number": N}} (23.02+)."""
+    if isinstance(value, dict):
+        code = value.get("return_code")
+        if isinstance(code, dict):
+            return code.get("number") if code.get("set", True) else None
+        return code if isinstance(code, int) else None
+    return value >> 8 if isinstance(value, int) else None
+
+
+def _state(value) -> str:
+    return ",".join(value) if isinstance(value, list) else str(value or "")
+
+
+def parse_job_json(text: str, job_id: str, source: str) -> dict | None:
+    """The normalised record of ``job_id`` in ``squeue --json`` / ``scontrol --json show job`` output (None if
+    absent). Slurm 22.05 lists every job whatever -j says, so the record is picked by id here.
+
+    Raises ValueError when ``text`` is not Slurm's JSON.
+    """
+    jobs = json.loads(text).get("jobs")
+    if not isinstance(jobs, list):
+        raise ValueError("no 'jobs' list")
+    for job in jobs:
+        if str(job.get("job_id")) == job_id:
+            return {"scheduler": "slurm", "job_id": job_id, "name": job.get("name"),
+                    "state": _state(job.get("job_state")), "reason": job.get("state_reason"),
+                    "exit_code": _exit_code(job.get("exit_code")), "nodes": job.get("nodes") or None,
+                    "log": job.get("standard_output") or None, "source": source}
+    return None
+
+
+def parse_scontrol_text(text: str, job_id: str) -> dict:
+    """The normalised record from ``scontrol -o show job`` (Slurm before 23.02 has no ``scontrol --json``)."""
+    fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
+    code = fields.get("ExitCode", "").split(":")[0]
+    return {"scheduler": "slurm", "job_id": job_id, "name": fields.get("JobName"), "state": fields.get("JobState", ""),
+            "reason": fields.get("Reason"), "exit_code": int(code) if code.isdigit() else None,
+            "nodes": fields.get("NodeList") if fields.get("NodeList") not in (None, "(null)") else None,
+            "log": fields.get("StdOut"), "source": "scontrol -o show job"}
+
+
 def _tasks_per_node(value: str | None) -> int | None:
     # Slurm writes e.g. "4" or "4(x2)" or "4,2"; the first count is the one every full node gets. Anything else
     # (set by hand, "²") is no count: ranks per node then come from --devices or the site.
     head = (value or "").split(",")[0].split("(")[0]
-    return int(head) if re.fullmatch(r"[1-9][0-9]{0,3}", head) and int(head) <= values.MAX_RANKS_PER_NODE else None
+    counted = re.fullmatch(r"[1-9][0-9]{0,3}", head) and int(head) <= values.MAX_RANKS_PER_NODE
+    return int(head) if counted else None
 
 
 class Slurm(Scheduler):
@@ -131,6 +175,20 @@ class Slurm(Scheduler):
         record = run([program("scontrol"), "-o", "show", "job", job_id], f"scontrol show job {job_id}").stdout
         fields = dict(part.split("=", 1) for part in record.split() if "=" in part)
         return " ".join(f"{key}={fields.get(key, '?')}" for key in ("JobId", "JobName", "JobState", "ExitCode"))
+
+    def status_record(self, job_id, run, program) -> dict:
+        """squeue's JSON while Slurm knows the job, else scontrol's (JSON from 23.02, text before)."""
+        for argv, source in (([program("squeue"), "--json", "-j", job_id], "squeue --json"),
+                             ([program("scontrol"), "--json", "show", "job", job_id], "scontrol --json show job")):
+            done = run(argv, None)
+            try:
+                record = parse_job_json(done.stdout, job_id, source) if done.returncode == 0 else None
+            except ValueError:  # no JSON serializer plugin, or an older client: ask the next one
+                record = None
+            if record:
+                return record
+        text = run([program("scontrol"), "-o", "show", "job", job_id], f"scontrol show job {job_id}").stdout
+        return parse_scontrol_text(text, job_id)
 
     def cancel_argv(self, job_id, program) -> list[str]:
         return [program("scancel"), job_id]

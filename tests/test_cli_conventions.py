@@ -1,0 +1,60 @@
+"""Typer conventions: typed integers and fixed choices in --help, --version, shell completion, and one command
+shape for `sprite parity` (a group: run and compare) with a migration error for the old form."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from sprite import cli
+from sprite.parity.faults import FAULTS
+
+
+def help_text(*args: str) -> str:
+    result = CliRunner().invoke(cli.app, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_run_help_shows_integers_and_the_allowed_values():
+    text = help_text("run")
+    for option in ("--nodes", "--devices", "--master-port", "--retries", "--spare-nodes"):
+        assert re.search(rf"{option}\s+(INTEGER|<int>)", text), option
+    for option in ("--stall-timeout", "--first-step-timeout", "--save-timeout"):
+        assert re.search(rf"{option}\s+FLOAT", text), option
+    for option, values in (("--strategy", "auto|single|ddp|fsdp"), ("--accelerator", "auto|xpu|cuda|cpu"),
+                           ("--launcher", "auto|mpiexec|srun|torchrun|local"), ("--mpi", "auto|pals|hydra|openmpi")):
+        assert re.search(rf"{option}\s+[<\[]{re.escape(values)}[>\]]", text), option
+    assert "32-true|32|bf16-mixed" in text
+
+
+def test_parity_fault_help_lists_the_six_faults():
+    text = " ".join(help_text("parity", "run").split())
+    assert len(FAULTS) == 6 and all(fault in text for fault in FAULTS)
+
+
+def test_version():
+    result = CliRunner().invoke(cli.app, ["--version"])
+    assert result.exit_code == 0 and re.fullmatch(r"sprite \d+\.\d+\.\d+\S*\n", result.output)
+
+
+def test_shell_completion(sprite_cmd):
+    env = {**os.environ, "_SPRITE_COMPLETE": "complete_bash", "COMP_WORDS": "sprite par", "COMP_CWORD": "1"}
+    done = subprocess.run(sprite_cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["parity"], done.stdout + done.stderr
+    script = subprocess.run([*sprite_cmd, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0 and "_SPRITE_COMPLETE=complete_bash" in script.stdout
+
+
+def test_old_parity_form_gets_a_migration_error(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["parity", "--precision", "bf16-mixed", "--out", "runs/x"])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("sprite: error: `sprite parity --precision ...` is the old form")
+    assert "Run `sprite parity run --precision bf16-mixed --out runs/x`" in err
+    assert {"run", "compare"} <= set(help_text("parity").split())

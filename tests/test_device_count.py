@@ -1,0 +1,102 @@
+"""Devices torch will see, counted without torch, and the ranks `sprite run` starts without a scheduler.
+
+No GPU exists here, so both vendors are faked, and named so: FakeSysfs builds /sys/class/drm of an Aurora node
+(6 Intel GPU Max cards x 2 tiles, i915's cardN/gt/gtM layout) in a temp folder, and tests/fakes/
+nvidia_smi_two_gpus answers `nvidia-smi -L` as a 2-GPU box would.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sprite import devicecount, envinfo
+from sprite.plan import plan_run
+
+FAKES = Path(__file__).parent / "fakes"
+
+
+class FakeSysfs:
+    """A fake /sys: Intel cards (vendor 0x8086) with tiles, plus decoys sprite must not count."""
+
+    def __init__(self, root: Path, tiles: list[int], layout: str = "i915"):
+        drm = root / "class" / "drm"
+        for index, count in enumerate(tiles):
+            card = drm / f"card{index}"
+            (card / "device").mkdir(parents=True)
+            (card / "device" / "vendor").write_text("0x8086\n")
+            for tile in range(count):
+                (card / "gt" / f"gt{tile}" if layout == "i915" else card / "device" / f"tile{tile}").mkdir(parents=True)
+        (drm / "card0-DP-1").mkdir(parents=True)  # a connector, not a card
+        other = drm / f"card{len(tiles)}" / "device"
+        other.mkdir(parents=True)
+        (other / "vendor").write_text("0x1a03\n")  # the node's BMC graphics (ASPEED)
+        self.root = root
+
+
+@pytest.fixture
+def aurora_sysfs(tmp_path) -> Path:
+    return FakeSysfs(tmp_path / "sys", [2] * 6).root
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, 12),  # Level Zero's default hierarchy is FLAT: every tile a device
+    ({"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}, 12),
+    ({"ZE_FLAT_DEVICE_HIERARCHY": "COMBINED"}, 12),  # SYCL, and so torch.xpu, still sees tiles
+    ({"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}, 6),
+    ({"ZE_AFFINITY_MASK": "0,1"}, 2),
+    ({"ZE_AFFINITY_MASK": "0,1,11,12"}, 3),  # 12 is past the last tile and ignored
+    ({"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE", "ZE_AFFINITY_MASK": "0,1"}, 2),
+    ({"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE", "ZE_AFFINITY_MASK": "0.0,1.0"}, 2),
+    ({"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE", "ZE_AFFINITY_MASK": "0.0,0.1"}, 1),  # one card, both tiles
+])
+def test_aurora_node_counts_as_torch_sees_it(aurora_sysfs, environ, expected):
+    env = {"PATH": "/nonexistent", **environ}  # no nvidia-smi
+    assert devicecount.visible(env, aurora_sysfs) == ("xpu", expected)
+
+
+def test_xe_driver_layout_and_no_gpu(tmp_path):
+    xe = FakeSysfs(tmp_path / "xe", [2, 2], layout="xe").root
+    assert devicecount.visible({"PATH": "/nonexistent"}, xe) == ("xpu", 4)
+    assert devicecount.visible({"PATH": "/nonexistent"}, tmp_path / "empty") == ("cpu", 0)
+
+
+def test_sprite_env_shows_the_count_torch_will_see(aurora_sysfs):
+    env = {"PATH": "/nonexistent", "ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}
+    info = envinfo.detect("aurora", env, sysfs=aurora_sysfs)
+    assert info["devices_here"] == {"type": "xpu", "count": 12} and info["backend"] == "xccl"
+    assert "devices here 12 x xpu" in envinfo.describe(info)
+    info = envinfo.detect("local", {**env, "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}, sysfs=aurora_sysfs)
+    assert info["devices_here"]["count"] == 6 and info["ranks_per_node"] == 6
+
+
+@pytest.fixture
+def two_gpu_path(tmp_path, clean_env) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(FAKES / "nvidia_smi_two_gpus", bin_dir / "nvidia-smi")
+    return {**clean_env, "PATH": f"{bin_dir}{os.pathsep}{clean_env['PATH']}"}
+
+
+@pytest.mark.parametrize("extra, visible", [({}, 2), ({"CUDA_VISIBLE_DEVICES": "1"}, 1),
+                                            ({"CUDA_VISIBLE_DEVICES": "0,7,1"}, 1), ({"CUDA_VISIBLE_DEVICES": ""}, 0)])
+def test_cuda_visible_devices_narrows_the_gpus(two_gpu_path, extra, visible):
+    assert devicecount.nvidia_gpus({**two_gpu_path, **extra}) == visible
+
+
+def test_run_starts_one_rank_per_visible_gpu_without_a_scheduler(two_gpu_path, example_script):
+    launch = plan_run({"script": example_script}, two_gpu_path)
+    assert launch.argv[3:5] == ["--nproc", "2"] and launch.env["SPRITE_DEVICES"] == "2"
+    assert plan_run({"script": example_script, "accelerator": "cpu"}, two_gpu_path).world.devices == 1
+    assert plan_run({"script": example_script, "devices": 3}, two_gpu_path).world.devices == 3
+
+
+def test_cpu_only_machine_stays_one_rank(clean_env, example_script):
+    env = {**clean_env, "PATH": str(Path(clean_env["PATH"].split(os.pathsep)[0]))}  # the venv: no nvidia-smi
+    if devicecount.intel_cards():
+        pytest.skip("this machine has an Intel GPU in /sys/class/drm")
+    assert devicecount.nvidia_gpus(env) == 0
+    assert plan_run({"script": example_script}, env).world.devices == 1
