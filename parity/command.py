@@ -6,7 +6,6 @@ Exit codes: 0 pass, 1 fail or void, 2 bad usage.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 import time
@@ -36,36 +35,23 @@ def _fail(err: SpriteError) -> None:
     raise typer.Exit(err.exit_code)
 
 
-def _settings(precision, devices, nodes, model, accelerator, fault):
+def _settings(precision, devices, nodes, model, accelerator, fault, time_limit=1800):
     from sprite.parity import faults
-    from sprite.parity.settings import PRECISIONS, PRESETS, Settings
-    from sprite.contract import ACCELERATORS
+    from sprite.parity.settings import Settings
+    from sprite.parity.usage import check_common
 
-    if precision not in PRECISIONS:
-        raise UsageError(f"--precision {precision!r} is not supported.",
-                         "Parity has a rule only for FP32 and for BF16 autocast (criterion v2).",
-                         f"Use one of: {', '.join(PRECISIONS)}.")
-    if accelerator not in ACCELERATORS:
-        raise UsageError(f"--accelerator {accelerator!r} is not supported.",
-                         "The arms run only on the device types in sprite's device table.",
-                         f"Use one of: {', '.join(ACCELERATORS)}.")
+    model = check_common("parity", precision, accelerator, model,
+                         "Parity has a rule only for FP32 and for BF16 autocast (criterion v2).")
     if devices < 1 or nodes < 1 or devices * nodes < 2:
         raise UsageError(f"--devices {devices} --nodes {nodes} gives {devices * nodes} rank(s).",
                          "Parity compares a distributed run with one device, so it needs more than one rank.",
                          "Pass --devices 2 or more.")
-    missing = [name for name in ("peft", "transformers") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise UsageError(f"sprite parity needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
-                         " not installed here.", "They are an optional extra of sprite (the LoRA recipe).",
-                         "pip install 'sprite-hpc[parity]' (or peft and transformers), then run again.")
-    if model not in PRESETS and not (pathlib.Path(model) / "config.json").is_file():
-        raise UsageError(f"--model {model!r} is neither a preset nor a checkpoint directory.",
-                         "Hub ids are not fetched (the hub is never contacted).",
-                         f"Pass {', '.join(PRESETS)} or a local directory holding config.json.")
-    model = model if model in PRESETS else str(pathlib.Path(model).resolve())
+    if time_limit < 1:
+        raise UsageError(f"--time-limit {time_limit} is not a positive number of seconds.", "",
+                         "Pass the seconds one arm may take, e.g. --time-limit 1800.")
     chosen = faults.validate(list(fault or []), precision, devices * nodes)
     return Settings(precision=precision, devices=devices, nodes=nodes, model=model, accelerator=accelerator,
-                    faults=chosen)
+                    faults=chosen, time_limit=time_limit)
 
 
 @app.callback()
@@ -78,6 +64,8 @@ def parity(
     model: str = typer.Option("tiny", help="tiny, qwen2.5-0.5b-shape, or a local checkpoint directory."),
     fault: Optional[List[str]] = typer.Option(None, help="A negative control to run (repeatable)."),
     accelerator: str = typer.Option("auto", help="auto, cpu, cuda or xpu."),
+    time_limit: int = typer.Option(1800, help="Seconds one arm may run; an arm still running then ends the check"
+                                              " as not executed."),
 ) -> None:
     """Run every arm, each in its own processes, then compare."""
     if ctx.invoked_subcommand is not None:
@@ -86,7 +74,7 @@ def parity(
         if out is None:
             raise UsageError("No --out directory given.", "Every run needs a fresh place for its results.",
                              "Pass --out DIR (a directory that does not exist yet or is empty).")
-        settings = _settings(precision, devices, nodes, model, accelerator, fault)
+        settings = _settings(precision, devices, nodes, model, accelerator, fault, time_limit)
         from rich.console import Console
 
         from sprite.parity.compare import compare

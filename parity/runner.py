@@ -36,12 +36,18 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
 
 
 def _launch(out, arm, fault, settings, console, index, total, stamps: dict, threads: int = 0) -> int:
+    """Runs one arm; returns its exit code. Raises ResultError when it ran past settings.time_limit."""
     label = f"fault_{fault}/{arm}" if fault else arm
     log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
     console.print(f"[{index}/{total}] {label}: {arm_world(arm, settings)} process(es) ...")
     start, wall = time.monotonic(), time.time()
-    code = launch_arm(out, arm, fault, settings, log, threads)
+    code = launch_arm(out, arm, fault, settings, log, threads, settings.time_limit)
     stamps[label] = (wall, time.time())
+    if code is None:  # a hung arm ends the check instead of hanging it
+        console.print(f"[{index}/{total}] {label}: [red]not executed: timed out after {settings.time_limit:g} s[/red]")
+        raise ResultError(f"Arm {label} not executed: timed out after {settings.time_limit:g} s.",
+                          "It hung or runs slower than the limit (see its log); the check stopped there.",
+                          f"Read {log}; for a slow machine or a large model raise --time-limit.")
     state = "done" if code == 0 else f"[red]exit code {code}[/red], see {log}"
     console.print(f"[{index}/{total}] {label}: {state} in {time.monotonic() - start:.1f} s")
     return code
@@ -53,7 +59,8 @@ def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[st
 
     The one-process arms run two at a time (independent processes, so their results do not change); the
     distributed arms run one after another. Raises ResultError when a clean arm fails (nothing can be compared
-    without it). A failed fault case is left for the comparison, which reports it as not executed.
+    without it) or any arm runs past settings.time_limit seconds. A failed fault case is left for the comparison,
+    which reports it as not executed.
     """
     cases = faults.cases(settings.faults)
     total, times, stamps = len(settings.arms) + len(cases), {}, {}

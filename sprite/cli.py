@@ -96,11 +96,15 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite.cli_ckpt import app as ckpt_app
+    from sprite.parity.ckpt_cli import app as ckpt_check_app
     from sprite.parity.command import app as parity_app
     from sprite.submit_cli import register
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    app.add_typer(ckpt_check_app, name="ckpt-check")
+    app.add_typer(ckpt_app, name="ckpt")
 
 
 _mount_subcommands()

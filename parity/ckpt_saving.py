@@ -1,0 +1,90 @@
+"""Checkpoints written once and sealed: a Lightning save into a new name, then a manifest written last.
+
+A file checkpoint (1 device, DDP, FSDP2 full state) is serialised in memory and created with
+``integrity.write_new`` by rank 0, so no existing file is ever replaced. A sharded FSDP2 checkpoint (a
+torch.distributed.checkpoint folder) goes into a folder rank 0 creates fresh; every rank then fsyncs and
+describes the files it wrote, rank 0 gathers the descriptions and seals the folder once all ranks confirmed.
+Only rank workers import this module.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import re
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from sprite import integrity
+
+_SHARD = re.compile(r"__(\d+)_\d+\.distcp$")  # torch.distributed.checkpoint's FileSystemWriter names
+
+
+class WriteOnceCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch.save checkpoint IO, but the file must be new (never written over) and is fsynced."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        """Raises IntegrityError if ``path`` exists (or is a symlink)."""
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        integrity.write_new(path, buffer.getbuffer())
+
+
+def _gather(value) -> list:
+    if not dist.is_available() or not dist.is_initialized():
+        return [value]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _own_files(folder: pathlib.Path, rank: int) -> list[str]:
+    """The files of a DCP folder this rank wrote: its shards; rank 0 also owns the metadata files."""
+    owned = []
+    for name in sorted(os.listdir(folder)):
+        match = _SHARD.match(name)
+        if (int(match.group(1)) == rank) if match else rank == 0:
+            owned.append(name)
+    return owned
+
+
+def save_sealed(trainer, path: pathlib.Path, meta: dict) -> None:
+    """Saves the trainer's checkpoint at ``path`` (a new folder for a sharded FSDP2 save, else a new file) and
+    seals it. Every rank must call it.
+
+    Raises IntegrityError on every rank if ``path`` exists, or on rank 0 if the shard files the ranks describe
+    differ from what the folder holds.
+    """
+    strategy, rank = trainer.strategy, trainer.global_rank
+    sharded = bool(getattr(strategy, "_save_distributed_checkpoint", False))
+    if os.path.lexists(path):
+        raise integrity.IntegrityError(f"{path} exists already; refusing to save a checkpoint over it.",
+                                       "An earlier run wrote there.", "Save into a fresh directory.")
+    strategy.barrier("sprite.save_sealed.checked")  # every rank looked before rank 0 creates the folder
+    if rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if sharded:
+            integrity.make_dir_new(path)
+    strategy.barrier("sprite.save_sealed.start")
+    trainer.save_checkpoint(path)
+    if not sharded:
+        if rank == 0:
+            integrity.seal(path, {**meta, "format": "file"})
+        strategy.barrier("sprite.save_sealed.end")
+        return
+    names = _own_files(path, rank)
+    for name in names:  # Lightning's meta.pt is written by a plain torch.save, without fsync
+        integrity.fsync_file(path / name)
+    described = _gather(integrity.describe(path, names))
+    if rank == 0:
+        files = {rel: entry for part in described for rel, entry in part.items()}
+        missing = sorted(set(os.listdir(path)) - set(files))
+        if missing:
+            raise integrity.IntegrityError(f"{path}: no rank described {', '.join(missing)}.",
+                                           "A rank wrote a file sprite does not know the owner of.",
+                                           "Report this with the folder listing.")
+        integrity.seal(path, {**meta, "format": "dcp", "world": len(described)}, files)
+    strategy.barrier("sprite.save_sealed.end")
