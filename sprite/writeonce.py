@@ -1,0 +1,91 @@
+"""Create files and folders that must not exist yet, durably, never through a symlink; hash files. Stdlib only.
+
+The rule behind every output sprite writes: a name is created once (``O_CREAT | O_EXCL``, which also refuses a
+symlink, even a dangling one), given its mode whatever the umask, written and fsynced. Nothing here replaces,
+truncates, chmods or follows a symlink to a file that this call did not create.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from sprite.errors import SpriteError
+
+
+class IntegrityError(SpriteError):
+    """A file sprite must create exists already, or a sealed target does not match its manifest (exit 1)."""
+
+
+def exists_error(path, what: str) -> IntegrityError:
+    return IntegrityError(f"{path} already exists (or is a symlink); refusing to write {what} over it.",
+                          "An earlier run or another process used this name.",
+                          "Choose a new output name or move the old one away.")
+
+
+def write_new(path, data: bytes, mode: int = 0o600) -> None:
+    """Create ``path`` (it must not exist, not even as a symlink) with ``mode`` whatever the umask, write, fsync.
+
+    Raises:
+        IntegrityError: the path exists or is a symlink. OSError for any other failure (the partial file is
+            removed, since this call created it).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        raise exists_error(path, "a file") from None
+    try:
+        os.fchmod(fd, mode)  # the umask may have removed bits from ``mode``
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def fsync_dir(path) -> None:
+    """Make the entries of folder ``path`` durable (new names, links, removals). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dir_new(path, mode: int = 0o700) -> None:
+    """Create folder ``path`` with ``mode`` whatever the umask, and make its name durable; the parent must exist.
+
+    Raises:
+        IntegrityError: the path exists (a folder, a file or a symlink). OSError for any other failure.
+    """
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        raise exists_error(path, "a folder") from None
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def fsync_file(path) -> None:
+    """Flush a regular file's data to stable storage (never through a symlink). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path) -> str:
+    """The SHA-256 hex digest of a regular file, read in chunks (never through a symlink). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()

@@ -1,0 +1,149 @@
+"""sprite.integrity: files written once, manifests sealed last, and every single-byte change detected."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sprite import integrity
+from sprite.integrity import IntegrityError
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _folder(root: Path) -> Path:
+    ckpt = root / "ckpt"
+    integrity.make_dir_new(ckpt)
+    (ckpt / "shards").mkdir()
+    integrity.write_new(ckpt / ".metadata", b"meta" * 10)
+    integrity.write_new(ckpt / "shards" / "__0_0.distcp", bytes(range(256)) * 3)
+    return ckpt
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o077, 0o277])
+def test_write_new_creates_0600_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        integrity.write_new(tmp_path / "f", b"x")
+        integrity.make_dir_new(tmp_path / "d")
+    finally:
+        os.umask(old)
+    assert (_mode(tmp_path / "f"), _mode(tmp_path / "d")) == (0o600, 0o700)
+    assert (tmp_path / "f").read_bytes() == b"x"
+
+
+def test_write_new_never_replaces_a_file_nor_follows_a_symlink(tmp_path):
+    victim = tmp_path / "users_file"
+    victim.write_bytes(b"precious")
+    victim.chmod(0o644)
+    (tmp_path / "link").symlink_to(victim)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("users_file", "link", "dangling"):
+        with pytest.raises(IntegrityError, match="already exists"):
+            integrity.write_new(tmp_path / name, b"overwritten")
+    with pytest.raises(IntegrityError, match="already exists"):
+        integrity.make_dir_new(tmp_path / "link")
+    assert victim.read_bytes() == b"precious" and _mode(victim) == 0o644
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_sha256_file_streams_and_refuses_symlinks(tmp_path):
+    data = os.urandom(3 << 20)
+    (tmp_path / "big").write_bytes(data)
+    assert integrity.sha256_file(tmp_path / "big") == hashlib.sha256(data).hexdigest()
+    (tmp_path / "link").symlink_to(tmp_path / "big")
+    with pytest.raises(OSError):
+        integrity.sha256_file(tmp_path / "link")
+
+
+def test_a_sealed_folder_verifies_and_is_sealed_once(tmp_path):
+    ckpt = _folder(tmp_path)
+    path = integrity.seal(ckpt, {"step": 3})
+    assert path == ckpt / "sprite-manifest.json" == integrity.manifest_path(ckpt) and _mode(path) == 0o600
+    verdict = integrity.verify(ckpt)
+    assert verdict.valid and verdict.reason == "" and verdict.manifest["meta"] == {"step": 3}
+    assert sorted(verdict.manifest["files"]) == [".metadata", "shards/__0_0.distcp"]
+    assert sorted(os.listdir(ckpt)) == [".metadata", "shards", "sprite-manifest.json"]  # no temporary left
+    before = path.read_bytes()
+    with pytest.raises(IntegrityError, match="already exists"):
+        integrity.seal(ckpt, {"step": 4})
+    assert path.read_bytes() == before
+
+
+def test_a_sealed_file_has_its_manifest_beside_it(tmp_path):
+    integrity.write_new(tmp_path / "a.ckpt", b"weights")
+    path = integrity.seal(tmp_path / "a.ckpt", {"step": 1})
+    assert path == tmp_path / "a.ckpt.sprite-manifest.json"
+    assert integrity.verify(tmp_path / "a.ckpt").valid
+    integrity.write_new(tmp_path / "b.ckpt", b"weights")
+    (tmp_path / "b.ckpt.sprite-manifest.json").write_bytes(path.read_bytes())  # a copied manifest
+    assert "describes another target ('a.ckpt')" in integrity.verify(tmp_path / "b.ckpt").reason
+
+
+def test_seal_takes_the_files_each_rank_described(tmp_path):
+    ckpt = _folder(tmp_path)
+    files = {**integrity.describe(ckpt, [".metadata"]), **integrity.describe(ckpt, ["shards/__0_0.distcp"])}
+    integrity.seal(ckpt, {}, files)
+    assert integrity.verify(ckpt).valid
+    with pytest.raises(IntegrityError, match="does not exist"):
+        integrity.seal(tmp_path / "never_written", {})
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda c: (c / "sprite-manifest.json").unlink(), "has no manifest"),
+    (lambda c: (c / "shards" / "__0_0.distcp").unlink(), "shards/__0_0.distcp is missing"),
+    (lambda c: os.truncate(c / ".metadata", 3), ".metadata has 3 bytes, the manifest says 40"),
+    (lambda c: (c / ".metadata").write_bytes(b"META" * 10), ".metadata does not match its SHA-256"),
+    (lambda c: (c / "extra.bin").write_bytes(b""), "extra.bin is not listed in the manifest"),
+    (lambda c: (c / "shards" / "ln").symlink_to(c / ".metadata"), "shards/ln is not listed"),
+    (lambda c: (c / "sprite-manifest.json").write_text("{}"), "manifest .* is unreadable"),
+])
+def test_verify_names_what_is_wrong(tmp_path, damage, reason):
+    ckpt = _folder(tmp_path)
+    integrity.seal(ckpt, {"step": 3})
+    damage(ckpt)
+    verdict = integrity.verify(ckpt)
+    assert not verdict.valid
+    assert __import__("re").search(reason, verdict.reason), verdict.reason
+
+
+def test_verify_refuses_a_missing_target_and_a_symlinked_file(tmp_path):
+    assert "does not exist" in integrity.verify(tmp_path / "nope").reason
+    ckpt = _folder(tmp_path)
+    (ckpt / "shards" / "__0_0.distcp").rename(tmp_path / "elsewhere")
+    (ckpt / "shards" / "__0_0.distcp").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(IntegrityError, match="not a regular file"):
+        integrity.seal(ckpt, {})
+
+
+@pytest.fixture(scope="module")
+def sealed_bytes(tmp_path_factory) -> dict:
+    """The files of one sealed folder, as {relpath: bytes}, sealed once for every flip below."""
+    ckpt = _folder(tmp_path_factory.mktemp("sealed"))
+    integrity.seal(ckpt, {"step": 7, "epoch": 1, "strategy": "ddp"})
+    return {rel: (ckpt / rel).read_bytes() for rel in (".metadata", "shards/__0_0.distcp", "sprite-manifest.json")}
+
+
+@settings(max_examples=150, deadline=None)
+@given(which=st.integers(0, 2), position=st.integers(0, 10**6), mask=st.integers(1, 255))
+def test_any_single_flipped_byte_in_a_sealed_folder_is_detected(sealed_bytes, which, position, mask):
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "ckpt"
+        (ckpt / "shards").mkdir(parents=True)
+        for rel, data in sealed_bytes.items():
+            (ckpt / rel).write_bytes(data)
+        assert integrity.verify(ckpt).valid
+        victim = ckpt / sorted(sealed_bytes)[which]
+        data = bytearray(victim.read_bytes())
+        data[position % len(data)] ^= mask
+        victim.write_bytes(bytes(data))
+        assert not integrity.verify(ckpt).valid
