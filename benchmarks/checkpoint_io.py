@@ -188,7 +188,7 @@ def main() -> int:
     import subprocess
 
     from sprite.execute import resolve_program
-    from sprite.launch import plan_run
+    from sprite.plan import plan_run
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("SPRITE_BENCH_TMP")) as tmp:
         flags = {"script": os.path.abspath(__file__), "devices": args.devices, "strategy": "fsdp",

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from sprite.parity import bf16, store
 from sprite.parity.invariants import invariants
-from sprite.parity.launching import launch_arm
+from sprite.parity.arm_launch import launch_arm
 from sprite.parity.runner import claim_dir
 from sprite.parity.settings import SINGLE_ARMS, Settings
 

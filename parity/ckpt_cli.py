@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from sprite.errors import EXIT_OK, SpriteError, UsageError
+from sprite.errors import EXIT_OK, SpriteError, UsageError, report
 
 app = typer.Typer(
     name="ckpt-check", invoke_without_command=True, no_args_is_help=False, add_completion=False,
@@ -26,7 +26,7 @@ app = typer.Typer(
 
 
 def _fail(err: SpriteError) -> None:
-    print(f"sprite ckpt-check: {err}", file=sys.stderr, flush=True)
+    print(report(err), file=sys.stderr, flush=True)
     raise typer.Exit(err.exit_code)
 
 
@@ -66,7 +66,7 @@ def _interruptible(run, *args):
     try:
         return run(*args)
     except KeyboardInterrupt:
-        print("sprite ckpt-check: interrupted; the running launches were stopped.", file=sys.stderr, flush=True)
+        print("sprite: ckpt-check interrupted; the running launches were stopped.", file=sys.stderr, flush=True)
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -23,7 +23,7 @@ from sprite.parity.ckpt_launch import overrides
 from sprite.parity.ckpt_progress import Display
 from sprite.parity.ckpt_roles import Launch, launches, result_dir
 from sprite.parity.ckpt_settings import CkptSettings
-from sprite.parity.launching import launch
+from sprite.parity.arm_launch import launch
 
 SLOTS = 2
 PRIORITY = {"killed": 0, "resume": 1, "reshard": 1, "export": 1, "reload": 2, "fit": 3, "twin": 3}
@@ -35,7 +35,7 @@ def claim_dir(out: pathlib.Path, settings: CkptSettings) -> None:
     Raises UsageError when ``out`` exists (a used --out is refused, even if empty) or the distributed launches
     cannot be planned here (e.g. --nodes 2 outside an allocation): checked before anything is written.
     """
-    from sprite.launch import plan_run
+    from sprite.plan import plan_run
 
     distributed = next(item for item in launches(settings) if item.key == "ddp-fit")
     plan_run(overrides(out, distributed, settings))

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from sprite.parity import probes, recipe, store
-from sprite.parity.inject import Injector
+from sprite.parity.injector import Injector
 from sprite.parity.recorder import Recorder
 from sprite.parity.settings import Settings
 from sprite.parity.strategies import communication, trainer_kwargs

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from sprite.errors import UsageError
 from sprite.parity import faults
-from sprite.parity.launching import launch_arm
+from sprite.parity.arm_launch import launch_arm
 from sprite.parity.settings import SINGLE_ARMS, Settings, arm_world
 from sprite.parity.store import ResultError, write_new
 
@@ -22,9 +22,9 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
     Raises UsageError if ``out`` already holds anything, or if the distributed arms cannot be planned here
     (e.g. --nodes 2 outside an allocation): checked before anything is written.
     """
-    from sprite.launch import plan_run
+    from sprite.plan import plan_run
 
-    from sprite.parity.launching import arm_overrides
+    from sprite.parity.arm_launch import arm_overrides
 
     plan_run(arm_overrides(out, "ddp", None, settings))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

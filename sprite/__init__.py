@@ -7,16 +7,8 @@ use, so ``from sprite import trainer_kwargs`` imports torch and lightning only t
 from __future__ import annotations
 
 import importlib
-import os
 
 __version__ = "0.1.0"
-
-# In a source checkout, conf/, launch_templates/, parity/ and examples/ sit beside sprite/ and are mapped into
-# the package only by installation. `python -m sprite.runtime` run from the checkout's root (as every rank of
-# README's first command is) imports this source tree, so let it find those subpackages too.
-_top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isfile(os.path.join(_top, "pyproject.toml")) and os.path.isfile(os.path.join(_top, "parity", "__init__.py")):
-    __path__.append(_top)
 
 _RUNTIME_API = {
     "trainer_kwargs": "sprite.runtime.kwargs",

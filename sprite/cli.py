@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sprite.errors import EXIT_USAGE, SpriteError, UsageError
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -44,26 +44,32 @@ def run(
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
+    strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> None:
-    from sprite import execute, launch
+    from sprite import execute, plan
 
     if script and script.startswith("-"):  # unknown options land here (sprite's options end at SCRIPT)
         raise UsageError(f"sprite run has no option {script}.", "sprite's options come before SCRIPT.",
                          "See 'sprite run --help' for the options.")
     if json_out and not dry_run:
         raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
+    if no_checks and strict:
+        raise UsageError("--no-checks and --strict contradict each other.", "--strict turns the checks' warnings"
+                         " into errors; --no-checks turns the checks off.", "Give one of them.")
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+        "checks": "off" if no_checks else ("strict" if strict else None),
     }
-    plan = launch.plan_run(flags, spec_file=spec)
+    launch = plan.plan_run(flags, spec_file=spec)
     if dry_run:
-        typer.echo(plan.to_json() if json_out else plan.describe())
+        typer.echo(launch.to_json() if json_out else launch.describe())
         return
-    execute.exec_plan(plan)
+    execute.exec_plan(launch)
 
 
 @app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"
@@ -97,9 +103,9 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
     from sprite.cli_ckpt import app as ckpt_app
+    from sprite.cli_submit import register
     from sprite.parity.ckpt_cli import app as ckpt_check_app
-    from sprite.parity.command import app as parity_app
-    from sprite.submit_cli import register
+    from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
@@ -115,8 +121,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         result = app(args=argv, standalone_mode=False)
     except SpriteError as err:
-        print(f"sprite: error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        exit_with(err)
     except typer.Exit as err:
         sys.exit(err.exit_code)
     except typer.Abort:
@@ -134,5 +139,5 @@ def _parse_error(err: typer.TyperException) -> None:
         print(message, file=sys.stderr)
     else:
         command = err.ctx.command_path if getattr(err, "ctx", None) else "sprite"
-        print(f"sprite: error: {message.rstrip('.')}. See '{command} --help' for usage.", file=sys.stderr)
+        print(f"sprite: error: {one_line(message.rstrip('.'))}. See '{command} --help' for usage.", file=sys.stderr)
     sys.exit(EXIT_USAGE)

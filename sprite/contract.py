@@ -16,12 +16,14 @@ LAUNCHER = "SPRITE_LAUNCHER"  # one of LAUNCHER_FLAVOURS
 HOSTS = "SPRITE_HOSTS"  # comma-separated hosts in node-rank order (node rank = index of this host)
 JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
 SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
+CHECKS = "SPRITE_CHECKS"  # one of CHECK_MODES: the fit-start contract checks warn, are off, or are errors
 
-ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE)
+ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS)
 
 # Values both halves accept for SPRITE_ACCELERATOR and SPRITE_STRATEGY ("auto": decide inside the rank).
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
+CHECK_MODES = ("on", "off", "strict")  # SPRITE_CHECKS; "on" when unset
 
 # Launcher flavours a plan can be built for; the runtime resolves ranks differently for each.
 LAUNCHER_FLAVOURS = ("local", "pals", "hydra", "openmpi", "srun", "torchrun")

@@ -41,3 +41,27 @@ class SpecError(UsageError):
         fix = f"Allowed: {allowed}." if allowed else ""
         super().__init__(f"{where}: key '{key}': {what}", "", fix)
         self.source, self.line, self.key = source, line, key
+
+
+MAX_MESSAGE = 2000  # characters of one printed error line; longer messages are cut with a note
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` on one line: control characters escaped (a newline shows as \\n), at most ``limit`` characters."""
+    flat = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    if len(flat) <= limit:
+        return flat
+    return flat[:limit] + f" ... ({len(flat) - limit} more characters cut)"
+
+
+def report(err: BaseException) -> str:
+    """The one way sprite prints an error, in every entry point: ``sprite: error: <message>`` on one line."""
+    return "sprite: error: " + one_line(str(err))
+
+
+def exit_with(err: SpriteError) -> None:
+    """Print ``err`` with :func:`report` on stderr and exit with its code (2 when it has none)."""
+    import sys
+
+    print(report(err), file=sys.stderr, flush=True)
+    sys.exit(err.exit_code or EXIT_USAGE)

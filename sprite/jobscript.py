@@ -1,7 +1,9 @@
-"""Render a PBS or Slurm job script from a SchedulerBlock and the ``sprite run`` command the job runs.
+"""A job script: the scheduler's directives, the spec's setup lines, and the ``sprite run`` command it runs.
 
-Templates are package data (``sprite.launch_templates``) filled with ``string.Template``. Directives come
-from submit_directives (directive-safe tokens only); every word of the body goes through ``shlex.quote``.
+The template is package data (``sprite.launch_templates/job.sh.tmpl``) filled with ``string.Template``.
+Directives come from the scheduler module (directive-safe tokens only); every word of the body goes through
+``shlex.quote``. The job runs ``python -m sprite run`` with the fields written in the spec file and the site
+named with ``--site``, so the launch inside the job is the plan of ``sprite run`` with the same site defaults.
 """
 
 from __future__ import annotations
@@ -9,17 +11,21 @@ from __future__ import annotations
 import shlex
 import string
 from importlib import resources
+from pathlib import Path
 
-from sprite import submit_directives, submit_values
+from sprite import schedulers, values, world
 from sprite.errors import UsageError
-from sprite.scheduler_spec import SchedulerBlock
+from sprite.scheduler_block import SchedulerBlock
+from sprite.sites import SiteProfile
+from sprite.spec import JobSpec
 
-TEMPLATES = {"pbs": "pbs.sh.tmpl", "slurm": "slurm.sh.tmpl"}
+TEMPLATE = "job.sh.tmpl"
+VALUE_FLAGS = ("nodes", "devices", "accelerator", "strategy", "precision", "launcher", "mpi", "master_port")
 
 
 def check_text(key: str, text: str) -> str:
     """``text`` unchanged. Raises UsageError naming ``key`` when it holds a newline or other control character."""
-    bad = submit_values.control_char(text)
+    bad = values.control_char(text)
     if bad:
         raise UsageError(
             f"{key} = {text!r} holds the control character {bad!r}.",
@@ -34,40 +40,45 @@ def quote_words(key: str, words) -> str:
     return " ".join(shlex.quote(check_text(key, str(word))) for word in words)
 
 
-def _pbs_timer(command: str, signal: str, delay: int) -> list[str]:
-    # PBS Pro has no directive for an early warning signal, so the script sends it itself `delay` seconds
-    # into the job; the timer's output goes to /dev/null so it never holds the job's output open.
-    return [
-        f"{command} &",
-        "sprite_pid=$!",
-        f"( sleep {delay} && kill -s {signal} \"$sprite_pid\" ) >/dev/null 2>&1 &",
-        "timer_pid=$!",
-        "status=0",
-        "wait \"$sprite_pid\" || status=$?",
-        "kill \"$timer_pid\" 2>/dev/null || true",
-        "exit \"$status\"",
-    ]
+def site_argument(site: SiteProfile) -> str:
+    """The shipped profile's name when ``site`` is one, else the path of its YAML file."""
+    shipped = resources.files("sprite.conf") / f"{site.name}.yaml"
+    if shipped.is_file() and Path(str(shipped)).resolve() == Path(site.source).resolve():
+        return site.name
+    return str(Path(site.source).resolve())
 
 
-def launch_lines(block: SchedulerBlock, argv: list[str]) -> list[str]:
-    """The lines that start ``argv`` (``python -m sprite run ...``) in the job. Raises UsageError (control chars)."""
-    command = quote_words("launch command", argv)
-    if block.kind == "pbs" and block.preempt_signal:
-        signal, before = block.preempt_signal
-        delay = max(1, submit_values.seconds(block.walltime) - before)
-        return _pbs_timer(command, signal, delay)
-    return [f"exec {command}"]
+def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec) -> list[str]:
+    """``python -m sprite run --site S [flags written in the spec] SCRIPT ARGS...`` as a list of words."""
+    argv = [python, "-m", "sprite", "run", "--site", site_argument(site)]
+    for key in VALUE_FLAGS:
+        if key in file_layer:
+            argv += ["--" + key.replace("_", "-"), str(file_layer[key])]
+    for name, value in file_layer.get("env", {}).items():
+        argv += ["--env", f"{name}={value}"]
+    if file_layer.get("exclude"):
+        argv += ["--exclude", ",".join(file_layer["exclude"])]
+    argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(file_layer.get("checks", "on"), [])
+    return argv + [job.script or "", *job.args]
+
+
+def ranks_per_node(job: JobSpec, site: SiteProfile) -> int:
+    """Ranks per node the job asks the scheduler for: the spec's devices, else the site's, else 1."""
+    return world.ranks_per_node(job.devices, site)
 
 
 def render(block: SchedulerBlock, argv: list[str], devices: int, spec_path: str, workdir: str) -> str:
     """The whole job script. Raises UsageError for a value that cannot be written safely."""
-    builder = submit_directives.pbs if block.kind == "pbs" else submit_directives.slurm
+    scheduler = schedulers.get(block.kind)
     setup = [quote_words("scheduler.setup", words) for words in block.setup]
-    template = string.Template((resources.files("sprite.launch_templates") / TEMPLATES[block.kind]).read_text())
+    template = string.Template((resources.files("sprite.launch_templates") / TEMPLATE).read_text())
     return template.substitute(
-        directives="\n".join(builder(block, devices)),
+        directives="\n".join(scheduler.directives(block, devices)),
+        submit_program=scheduler.submit_program,
+        launcher=scheduler.auto_launcher,
+        scheduler=scheduler.label,
         spec=shlex.quote(check_text("spec path", spec_path)),
         workdir=shlex.quote(check_text("working directory", workdir)),
         setup="\n".join(setup) if setup else "# (no setup lines in the spec)",
-        launch="\n".join(launch_lines(block, argv)),
+        launch="\n".join(scheduler.launch_lines(block, quote_words("launch command", argv))),
     )

@@ -1,18 +1,24 @@
-"""LaunchPlan: the argument list and environment that start every rank, built by pure functions.
+"""From what the user typed to a LaunchPlan: spec file + site profile + flags + allocation -> argv and env.
 
-One builder per launcher flavour turns (spec, site, world) into argv; the environment is the same for all
-of them. A plan is a value: print it (``--dry-run``), compare it in a test, then execute it.
+This is the one path `sprite run`, the job scripts and the harnesses (parity, ckpt-check, bench) plan through.
+A plan is a value: print it (``--dry-run``), compare it in a test, then execute it (``sprite.execute``). The
+argv comes from one builder per launcher flavour (``sprite.launchers``); the environment is the same for all.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import socket
+import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Mapping
 
-from sprite import contract
-from sprite import rendezvous
+from sprite import allocation, contract, launchers, rendezvous, sites, world, yamldoc
+from sprite import spec as specmod
+from sprite.errors import UsageError
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
 from sprite.world import World
@@ -67,6 +73,10 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     port = rendezvous.master_port(ctx.environ, world.alloc.job_id, spec.master_port, ctx.pick_free_port)
     env = {**spec.env}
     env.update({
+        # `python -m sprite.runtime` started in a source checkout would import the checkout's sprite/ (the cwd
+        # comes first on sys.path), which lacks the subpackages installation maps in (sprite.parity, sprite.conf):
+        # Python >= 3.11 then leaves the cwd out, so every rank imports the installed package; older ones ignore it.
+        "PYTHONSAFEPATH": "1",
         contract.MASTER_ADDR: addr,
         contract.MASTER_PORT: str(port),
         "WORLD_SIZE": str(world.size),
@@ -80,79 +90,57 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.HOSTS: ",".join(world.hosts),
         contract.JOB_ID: world.alloc.job_id,
         contract.SITE: site.name,
+        contract.CHECKS: spec.checks,
     })
     return env
-
-
-def _pals(site, world, ctx, cmd, env):
-    argv = ["mpiexec", "-n", str(world.size), "--ppn", str(world.devices)]
-    if site.cpu_bind:
-        argv += ["--cpu-bind", site.cpu_bind]
-    if site.depth:
-        argv += ["--depth", str(site.depth)]
-    if world.subset:
-        argv += ["--hosts", ",".join(world.hosts)]
-    return argv + ["--envall", *cmd]
-
-
-def _hydra(site, world, ctx, cmd, env):
-    argv = ["mpiexec", "-n", str(world.size), "-ppn", str(world.devices)]
-    if world.alloc.scheduler != "none":
-        argv += ["-hosts", ",".join(world.hosts)]
-    return argv + cmd
-
-
-def _openmpi(site, world, ctx, cmd, env):
-    argv = ["mpirun", "-n", str(world.size), "--map-by", f"ppr:{world.devices}:node"]
-    if world.alloc.scheduler != "none":
-        argv += ["--host", ",".join(f"{h}:{world.devices}" for h in world.hosts)]
-    else:
-        argv += ["--oversubscribe"]  # Open MPI 5 counts cores, not ranks, on a laptop (FACTS.md, 2 cores here)
-    if ctx.is_root:
-        argv += ["--allow-run-as-root"]
-    for name in sorted(env):  # Open MPI forwards no environment unless told (-x NAME)
-        argv += ["-x", name]
-    return argv + cmd
-
-
-def _srun(site, world, ctx, cmd, env):
-    argv = ["srun", "--nodes", str(world.nodes), "--ntasks", str(world.size),
-            "--ntasks-per-node", str(world.devices)]
-    if world.subset:
-        argv += ["--nodelist", ",".join(world.hosts)]
-    if site.cpus_per_task:
-        argv += ["--cpus-per-task", str(site.cpus_per_task)]
-    if site.cpu_bind:
-        argv += [f"--cpu-bind={site.cpu_bind}"]
-    return argv + ["--kill-on-bad-exit=1", "--export=ALL", *cmd]
-
-
-def _torchrun(site, world, ctx, cmd, env):
-    endpoint = f"{env[contract.MASTER_ADDR]}:{env[contract.MASTER_PORT]}"
-    argv = [ctx.python, "-m", "torch.distributed.run", "--nnodes", str(world.nodes),
-            "--nproc-per-node", str(world.devices), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", world.alloc.job_id or "sprite", "-m", *cmd[2:]]
-    if world.nodes == 1:
-        return argv
-    # One torchrun agent per node, started by the scheduler's own launcher.
-    if world.alloc.scheduler == "slurm":
-        return ["srun", "--nodes", str(world.nodes), "--ntasks", str(world.nodes), "--ntasks-per-node", "1",
-                "--nodelist", ",".join(world.hosts), "--kill-on-bad-exit=1", "--export=ALL", *argv]
-    return ["mpiexec", "-n", str(world.nodes), "--ppn", "1", "--hosts", ",".join(world.hosts), "--envall", *argv]
-
-
-def _local(site, world, ctx, cmd, env):
-    return [ctx.python, "-m", "sprite.supervisor", "--nproc", str(world.devices), "--", *cmd]
-
-
-# One argv builder per contract.LAUNCHER_FLAVOURS entry: (site, world, ctx, rank command, rank env) -> argv.
-BUILDERS = {"pals": _pals, "hydra": _hydra, "openmpi": _openmpi, "srun": _srun, "torchrun": _torchrun,
-            "local": _local}
-assert set(BUILDERS) == set(contract.LAUNCHER_FLAVOURS)
 
 
 def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> LaunchPlan:
     """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments."""
     env = environment(spec, site, world, ctx)
-    argv = BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
+    argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
     return LaunchPlan(argv, env, world)
+
+
+def assemble(flags: dict, spec_file: str | None = None,
+             environ: Mapping[str, str] = os.environ) -> tuple[JobSpec, SiteProfile]:
+    """Merge site profile defaults, the spec file and validated flags. Raises UsageError / SpecError."""
+    file_layer = specmod.from_document(yamldoc.load(spec_file)) if spec_file else {}
+    flag_layer = specmod.from_flags(flags)
+    if "script" in flag_layer:
+        flag_layer["script"] = str(Path(flag_layer["script"]).resolve())
+    site_name = flag_layer.get("site") or file_layer.get("site") or environ.get("SPRITE_SITE") or "local"
+    site = sites.load(site_name)
+    # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
+    defaults = {key: value for key, value in site.job.items() if key != "devices"}
+    job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name})
+    check_script(job.script)
+    return job, site
+
+
+def check_script(script: str | None) -> None:
+    """Raise UsageError unless ``script`` names an existing file."""
+    if not script:
+        raise UsageError("No training script given.", "", "Pass SCRIPT after sprite's options, or set script: in --spec.")
+    if not os.path.isfile(script):
+        raise UsageError(
+            f"The training script {script} does not exist.",
+            "The path is misspelled or relative to another folder (spec paths are relative to the spec file).",
+            "Pass the path of an existing Python file.",
+        )
+
+
+def context(environ: Mapping[str, str]) -> Context:
+    """The launching process's facts (interpreter, environment, root or not)."""
+    return Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0)
+
+
+def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None) -> LaunchPlan:
+    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes.
+
+    Raises UsageError (SpecError for a spec file) for bad input or a world the allocation cannot hold.
+    """
+    job, site = assemble(flags, spec_file, environ)
+    alloc = allocation.discover(environ, hostname=socket.gethostname())
+    launched = world.resolve(job, site, alloc)
+    return build(job, site, launched, context(environ))

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from sprite import scheduler_spec
+from sprite import scheduler_block, schedulers
 from sprite import spec as specmod
-from sprite import yamlsrc
+from sprite import yamldoc
 from sprite.errors import UsageError
 
-SCHEDULERS = ("pbs", "slurm", "none")
 PROFILE_KEYS = (
     "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "job", "submit", "queues",
 )
@@ -59,19 +58,21 @@ def _locate(name: str) -> Path:
 
 def load(name: str) -> SiteProfile:
     """Load and validate the profile ``name`` (a shipped name or a path). Raises UsageError / SpecError."""
-    doc = yamlsrc.load(_locate(name))
+    doc = yamldoc.load(_locate(name))
     for key in doc.data:
         if key not in PROFILE_KEYS:
             raise doc.error((key,), "is not a site profile key.", ", ".join(PROFILE_KEYS))
     data = dict(doc.data)
-    if data.get("scheduler", "none") not in SCHEDULERS:
-        raise doc.error(("scheduler",), f"{data['scheduler']!r} is not a known scheduler.", ", ".join(SCHEDULERS))
+    if data.get("scheduler", "none") not in schedulers.names():
+        raise doc.error(("scheduler",), f"{data['scheduler']!r} is not a known scheduler.",
+                        ", ".join(schedulers.names()))
     if data.get("mpi", "hydra") not in specmod.MPI_FLAVOURS[1:]:
         raise doc.error(("mpi",), f"{data['mpi']!r} is not a known MPI flavour.", ", ".join(specmod.MPI_FLAVOURS[1:]))
     data["job"] = specmod.from_document(doc, ("job",)) if "job" in data else {}
-    # submit: job-script defaults (scheduler_spec.CHECKS keys); queues: {name: {min_nodes, max_nodes, max_walltime}}
-    kind = data.get("scheduler") if data.get("scheduler") in scheduler_spec.KINDS else None
-    data["submit"] = scheduler_spec.check_block(doc, ("submit",), kind, site=True)
-    data["queues"] = scheduler_spec.check_queues(doc)
+    # submit: job-script defaults (scheduler_block.checks() keys); queues: {name: {min_nodes, max_nodes, max_walltime}}
+    kind = data.get("scheduler", "none")
+    kind = kind if schedulers.get(kind).submit_program else None
+    data["submit"] = scheduler_block.check_block(doc, ("submit",), kind, site=True)
+    data["queues"] = scheduler_block.check_queues(doc)
     data.setdefault("name", Path(doc.source).stem)
     return SiteProfile(**data, source=doc.source)

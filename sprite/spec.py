@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sprite import contract
+from sprite import values as v
 from sprite.errors import Complain, UsageError
-from sprite.yamlsrc import YamlDoc
+from sprite.yamldoc import YamlDoc
 
 ACCELERATORS = contract.ACCELERATORS
 STRATEGIES = contract.STRATEGIES
@@ -41,73 +42,18 @@ class JobSpec:
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
     scheduler: dict = field(default_factory=dict)
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
 
 
-def _choice(options: tuple[str, ...]):
-    def check(value: Any, complain: Complain) -> str:
-        text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-        if text not in options:
-            raise complain(f"{value!r} is not a valid choice.", ", ".join(options))
-        return text
-    return check
-
-
-def _positive_int(value: Any, complain: Complain) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
-        raise complain(f"{value!r} is not a whole number.", "an integer of at least 1, e.g. 2")
-    if int(value) < 1:
-        raise complain(f"{value!r} is less than 1.", "an integer of at least 1")
-    return int(value)
-
-
-def _port(value: Any, complain: Complain) -> int:
-    port = _positive_int(value, complain)
-    if not 1024 <= port <= 65535:
-        raise complain(f"{port} is outside the unprivileged port range.", "1024-65535")
-    return port
-
-
-def _string(value: Any, complain: Complain) -> str:
-    if not isinstance(value, str) or not value:
-        raise complain(f"{value!r} is not a non-empty string.", "a path or name in quotes if need be")
-    return value
-
-
-def _string_list(value: Any, complain: Complain) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [part for part in value.split(",") if part]
-    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
-        raise complain(f"{value!r} is not a list of strings.", "a YAML list such as [a, b]")
-    return tuple(str(v) for v in value)
-
-
-def _env(value: Any, complain: Complain) -> dict:
-    if not isinstance(value, dict):
-        raise complain(f"{value!r} is not a mapping.", "NAME: value pairs")
-    out = {}
-    for name, val in value.items():
-        if not isinstance(name, str) or not name.replace("_", "a").isalnum() or name[0].isdigit():
-            raise complain(f"{name!r} is not a valid environment variable name.", "letters, digits and _")
-        if isinstance(val, (dict, list)) or val is None:
-            raise complain(f"{name}={val!r} is not a scalar value.", "a string or number")
-        out[name] = str(val).lower() if isinstance(val, bool) else str(val)
-    return out
-
-
-def _mapping(value: Any, complain: Complain) -> dict:
-    if not isinstance(value, dict):
-        raise complain(f"{value!r} is not a mapping.", "a block of key: value lines")
-    return dict(value)
-
-
 CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
-    "script": _string, "args": _string_list, "nodes": _positive_int, "devices": _positive_int,
-    "accelerator": _choice(ACCELERATORS), "strategy": _choice(STRATEGIES), "precision": _choice(PRECISIONS),
-    "launcher": _choice(LAUNCHERS), "mpi": _choice(MPI_FLAVOURS), "site": _string, "env": _env,
-    "exclude": _string_list, "master_port": _port, "scheduler": _mapping,
+    "script": v.string, "args": v.string_list, "nodes": v.positive_int, "devices": v.positive_int,
+    "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
+    "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
+    "exclude": v.string_list, "master_port": v.port, "scheduler": v.mapping,
+    "checks": v.switch(contract.CHECK_MODES),
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 

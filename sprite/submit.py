@@ -1,7 +1,7 @@
 """sprite qsub / sbatch / status / cancel: turn a spec into a job script, hand it to the scheduler, ask about it.
 
-The only effects are here: writing the script into the output directory and running qsub, sbatch, qstat,
-squeue, scontrol, qdel or scancel as argument lists (never through a shell).
+The only effects are here: writing the script into the output directory and running the scheduler's client
+commands (the scheduler module names them) as argument lists, never through a shell.
 """
 
 from __future__ import annotations
@@ -14,19 +14,14 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from sprite import jobscript, launch, scheduler_spec, sites, spec, submit_command, submit_directives, yamlsrc
+from sprite import jobscript, plan, scheduler_block, schedulers, sites, spec, yamldoc
 from sprite.errors import UsageError
-
-SUBMIT = {"pbs": "qsub", "slurm": "sbatch"}
-CANCEL = {"pbs": ["qdel"], "slurm": ["scancel"]}
-SUFFIX = {"pbs": ".pbs", "slurm": ".sbatch"}
-CLIENT_HINT = {"pbs": "PBS Pro's client commands exist on the login nodes of PBS sites (Aurora, Polaris)",
-               "slurm": "Slurm's client commands exist on the login nodes of Slurm sites (Perlmutter)"}
+from sprite.schedulers.base import Scheduler
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A rendered job script and where it and its log go."""
+    """A rendered job script and where it and its log go. ``kind`` names its batch system."""
 
     kind: str
     text: str
@@ -48,36 +43,40 @@ def locate_spec(name: str) -> str:
 
 
 def prepare(spec_name: str, kind: str, cwd: str | None = None) -> Prepared:
-    """Validate the spec for ``kind`` ("pbs"/"slurm") and render its script. Raises UsageError / SpecError."""
+    """Validate the spec for the batch system ``kind`` and render its script. Raises UsageError / SpecError."""
     cwd = cwd or os.getcwd()
+    scheduler = schedulers.get(kind)
     spec_file = locate_spec(spec_name)
-    doc = yamlsrc.load(spec_file)
-    job, site = launch.assemble({}, spec_file, environ={})
-    if site.scheduler in SUBMIT and site.scheduler != kind:
+    doc = yamldoc.load(spec_file)
+    job, site = plan.assemble({}, spec_file, environ={})
+    site_scheduler = schedulers.get(site.scheduler)
+    if site_scheduler.submit_program and site_scheduler is not scheduler:
         raise UsageError(f"The site {site.name} schedules jobs with {site.scheduler.upper()}, not {kind.upper()}.",
-                         f"sprite {SUBMIT[kind]} was used with a spec for {site.name}.",
-                         f"Use sprite {SUBMIT[site.scheduler]} {spec_name}, or set site: to a {kind.upper()} site.")
-    block = scheduler_spec.resolve(kind, doc, site, job, cwd)
-    argv = submit_command.run_argv(block.python or sys.executable, site, spec.from_document(doc), job)
-    devices = submit_command.ranks_per_node(job, site)
+                         f"sprite {scheduler.submit_program} was used with a spec for {site.name}.",
+                         f"Use sprite {site_scheduler.submit_program} {spec_name}, or set site: to a {kind.upper()} "
+                         "site.")
+    block = scheduler_block.resolve(kind, doc, site, job, cwd)
+    argv = jobscript.run_argv(block.python or sys.executable, site, spec.from_document(doc), job)
+    devices = jobscript.ranks_per_node(job, site)
     text = jobscript.render(block, argv, devices, str(Path(spec_file).resolve()), cwd)
-    script = os.path.join(block.output_dir, block.job_name + SUFFIX[kind])
-    return Prepared(kind, text, script, submit_directives.log_path(block))
+    script = os.path.join(block.output_dir, block.job_name + scheduler.script_suffix)
+    return Prepared(kind, text, script, scheduler.log_path(block))
 
 
-def program(name: str, kind: str) -> str:
+def program(name: str, scheduler: Scheduler) -> str:
     """The full path of the scheduler command ``name``. Raises UsageError when it is not on PATH."""
     found = shutil.which(name)
     if not found:
-        raise UsageError(f"The {kind.upper()} command '{name}' is not on PATH.",
-                         f"{CLIENT_HINT[kind]}; this machine has none.",
+        raise UsageError(f"The {scheduler.name.upper()} command '{name}' is not on PATH.",
+                         f"{scheduler.client_hint}; this machine has none.",
                          "Run this on the site's login node, or use --dry-run to print the job script.")
     return found
 
 
-def _run(argv: list[str], what: str) -> subprocess.CompletedProcess:
+def _run(argv: list[str], what: str | None) -> subprocess.CompletedProcess:
+    """Run a client command; when ``what`` is given, raise UsageError naming it if the command fails."""
     done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
+    if what is not None and done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise UsageError(f"{what} failed (exit {done.returncode}): {detail[-1] if detail else 'no output'}.",
                          "The scheduler refused the request or is not reachable from here.",
@@ -87,49 +86,39 @@ def _run(argv: list[str], what: str) -> subprocess.CompletedProcess:
 
 def submit(prepared: Prepared) -> str:
     """Write the script and submit it; return the job id. Raises UsageError (missing command, refused job)."""
-    command = program(SUBMIT[prepared.kind], prepared.kind)
+    scheduler = schedulers.get(prepared.kind)
+    command = program(scheduler.submit_program, scheduler)
     os.makedirs(os.path.dirname(prepared.script_path), exist_ok=True)
     Path(prepared.script_path).write_text(prepared.text)
     os.chmod(prepared.script_path, 0o755)
-    if prepared.kind == "slurm":
-        argv = [command, "--parsable", prepared.script_path]
-    else:  # -o/-j repeat the directives: Slurm's PBS-compatible qsub reads options only from its command line
-        argv = [command, "-o", prepared.log_path, "-j", "oe", prepared.script_path]
-    out = _run(argv, f"{SUBMIT[prepared.kind]} {prepared.script_path}").stdout.strip().splitlines()
-    job_id = out[-1].split()[-1].split(";")[0] if out else ""
+    argv = scheduler.submit_argv(command, prepared.script_path, prepared.log_path)
+    job_id = scheduler.parse_job_id(_run(argv, f"{scheduler.submit_program} {prepared.script_path}").stdout)
     if not job_id:
         raise UsageError(f"{argv[0]} printed no job id.", "The scheduler accepted nothing.", "Check its queue.")
     return job_id
 
 
-def pick(scheduler: str | None, site_name: str | None) -> str:
-    """"pbs" or "slurm": the flag, else the site's scheduler, else whichever client is on PATH."""
-    if scheduler:
-        return scheduler
-    site_scheduler = sites.load(site_name).scheduler if site_name else None
-    if site_scheduler in SUBMIT:
+def pick(name: str | None, site_name: str | None) -> Scheduler:
+    """The batch system to ask: the flag, else the site's, else whichever client is on PATH."""
+    if name:
+        return schedulers.get(name)
+    site_scheduler = schedulers.get(sites.load(site_name).scheduler) if site_name else None
+    if site_scheduler is not None and site_scheduler.submit_program:
         return site_scheduler
-    for kind, probe in (("slurm", "squeue"), ("pbs", "qstat")):  # Slurm first: its qstat may be a PBS wrapper
-        if shutil.which(probe):
-            return kind
-    raise UsageError("Neither squeue (Slurm) nor qstat (PBS) is on PATH.", "This machine has no scheduler client.",
+    for scheduler in schedulers.by_client_probe():
+        if shutil.which(scheduler.status_program):
+            return scheduler
+    clients = " nor ".join(f"{s.status_program} ({s.label})" for s in schedulers.by_client_probe())
+    raise UsageError(f"Neither {clients} is on PATH.", "This machine has no scheduler client.",
                      "Run this on a login node of the site that runs the job, or pass --scheduler.")
 
 
-def status(job_id: str, kind: str) -> str:
+def status(job_id: str, scheduler: Scheduler) -> str:
     """The scheduler's view of ``job_id``. Raises UsageError when the command is missing or knows no such job."""
-    if kind == "pbs":
-        return _run([program("qstat", kind), job_id], f"qstat {job_id}").stdout.rstrip()
-    rows = subprocess.run([program("squeue", kind), "-h", "-j", job_id, "-o", "%i %j %T %M %l %D %R"],
-                          capture_output=True, text=True).stdout.strip()
-    if rows:
-        return "JOBID NAME STATE TIME TIME_LIMIT NODES NODELIST(REASON)\n" + rows
-    # Finished jobs leave squeue; scontrol keeps them for MinJobAge (sacct needs accounting, often off).
-    record = _run([program("scontrol", kind), "-o", "show", "job", job_id], f"scontrol show job {job_id}").stdout
-    fields = dict(part.split("=", 1) for part in record.split() if "=" in part)
-    return " ".join(f"{key}={fields.get(key, '?')}" for key in ("JobId", "JobName", "JobState", "ExitCode"))
+    return scheduler.status(job_id, _run, lambda name: program(name, scheduler))
 
 
-def cancel(job_id: str, kind: str) -> None:
+def cancel(job_id: str, scheduler: Scheduler) -> None:
     """Cancel ``job_id``. Raises UsageError when the command is missing or refuses."""
-    _run([program(CANCEL[kind][0], kind), job_id], f"{CANCEL[kind][0]} {job_id}")
+    argv = scheduler.cancel_argv(job_id, lambda name: program(name, scheduler))
+    _run(argv, f"{Path(argv[0]).name} {job_id}")

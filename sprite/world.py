@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sprite import allocation as allocmod
+from sprite import schedulers
 from sprite.allocation import Allocation
 from sprite.errors import UsageError
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
-
-AUTO_LAUNCHER = {"pbs": "mpiexec", "slurm": "srun", "none": "local"}
 
 
 @dataclass(frozen=True)
@@ -39,12 +38,15 @@ class World:
 
 
 def _launcher(spec: JobSpec, alloc: Allocation) -> str:
-    launcher = AUTO_LAUNCHER[alloc.scheduler] if spec.launcher == "auto" else spec.launcher
-    if launcher == "srun" and alloc.scheduler != "slurm":
+    scheduler = schedulers.get(alloc.scheduler)
+    launcher = scheduler.auto_launcher if spec.launcher == "auto" else spec.launcher
+    owner = next((s for s in schedulers.REGISTRY.values() if launcher in s.own_launchers), scheduler)
+    if owner is not scheduler:
         raise UsageError(
-            "--launcher srun needs a Slurm allocation, and none was found (SLURM_JOB_ID is not set).",
-            "sprite run was started on a login node or outside salloc/sbatch.",
-            "Run inside salloc/sbatch (or use sprite sbatch), or choose --launcher local for this machine.",
+            f"--launcher {launcher} needs a {owner.label} allocation, and this run is not inside one.",
+            f"sprite run was started on a login node or outside a {owner.label} job.",
+            f"Run inside a {owner.label} job (or use sprite {owner.submit_program}), or choose --launcher "
+            "local for this machine.",
         )
     return launcher
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from sprite.parity.command import app
+from sprite.parity.cli import app
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -171,7 +171,7 @@ def test_bad_usage_exits_2_before_running(args, words, tmp_path):
 
 
 def test_command_module_imports_nothing_heavy():
-    probe = "import sys, sprite.parity.command; print(sorted({'torch','lightning','transformers'} & set(sys.modules)))"
+    probe = "import sys, sprite.parity.cli; print(sorted({'torch','lightning','transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sprite.parity import store
-from sprite.parity.launching import arm_overrides
+from sprite.parity.arm_launch import arm_overrides
 from sprite.parity.settings import Settings
 
 

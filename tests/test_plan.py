@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from sprite import contract, launch, rendezvous
+from sprite import contract, rendezvous
+from sprite.plan import plan_run
 from sprite.errors import UsageError
 
 AURORA_HOSTS = ["x4000c0s0b0n0", "x4000c0s1b0n0"]
@@ -49,7 +50,7 @@ def test_aurora_fsdp_plan_through_cli(pbs_env, sprite_cmd, example_script):
 
 
 def test_slurm_plan_uses_srun_and_allocation_tasks(slurm_env, example_script):
-    plan = launch.plan_run({"script": example_script, "site": "perlmutter", "strategy": "ddp"}, slurm_env)
+    plan = plan_run({"script": example_script, "site": "perlmutter", "strategy": "ddp"}, slurm_env)
     argv = plan.argv
     assert argv[:7] == ["srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
     assert "--kill-on-bad-exit=1" in argv and "--nodelist" not in argv
@@ -60,7 +61,7 @@ def test_slurm_plan_uses_srun_and_allocation_tasks(slurm_env, example_script):
 
 def test_slurm_multi_group_nodelist_keeps_order(clean_env, example_script):
     env = {**clean_env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nid[001-003,007],gpu-[1-2]"}
-    plan = launch.plan_run({"script": example_script, "site": "perlmutter", "devices": 1}, env)
+    plan = plan_run({"script": example_script, "site": "perlmutter", "devices": 1}, env)
     assert plan.env[contract.HOSTS] == "nid001,nid002,nid003,nid007,gpu-1,gpu-2"
     assert plan.world.size == 6
 
@@ -69,21 +70,21 @@ def test_exclude_and_fewer_nodes_name_hosts(pbs_env, tmp_path, example_script):
     nodefile = tmp_path / "three"
     nodefile.write_text("a1\na2\na3\n")
     env = {**pbs_env, "PBS_NODEFILE": str(nodefile)}
-    plan = launch.plan_run({"script": example_script, "site": "aurora", "exclude": ["a2"]}, env)
+    plan = plan_run({"script": example_script, "site": "aurora", "exclude": ["a2"]}, env)
     assert plan.argv[plan.argv.index("--hosts") + 1] == "a1,a3"
     assert plan.argv[2] == "24"
-    plan = launch.plan_run({"script": example_script, "site": "aurora", "nodes": 1}, env)
+    plan = plan_run({"script": example_script, "site": "aurora", "nodes": 1}, env)
     assert plan.argv[plan.argv.index("--hosts") + 1] == "a1" and plan.env["WORLD_SIZE"] == "12"
 
 
 def test_port_precedence_and_range(pbs_env, example_script):
-    derived = launch.plan_run({"script": example_script, "site": "aurora"}, pbs_env).env["MASTER_PORT"]
+    derived = plan_run({"script": example_script, "site": "aurora"}, pbs_env).env["MASTER_PORT"]
     assert rendezvous.PORT_BASE <= int(derived) < rendezvous.PORT_BASE + rendezvous.PORT_SPAN
-    assert launch.plan_run({"script": example_script, "site": "aurora"},
+    assert plan_run({"script": example_script, "site": "aurora"},
                            {**pbs_env, "MASTER_PORT": "23456"}).env["MASTER_PORT"] == "23456"
-    assert launch.plan_run({"script": example_script, "site": "aurora", "master_port": "31000"},
+    assert plan_run({"script": example_script, "site": "aurora", "master_port": "31000"},
                            {**pbs_env, "MASTER_PORT": "23456"}).env["MASTER_PORT"] == "31000"
-    assert launch.plan_run({"script": example_script, "site": "aurora"},
+    assert plan_run({"script": example_script, "site": "aurora"},
                            {**pbs_env, "MASTER_ADDR": "10.1.2.3"}).env["MASTER_ADDR"] == "10.1.2.3"
 
 
@@ -96,22 +97,22 @@ def test_derived_port_is_the_same_in_another_process():
 
 
 def test_local_plan_uses_supervisor_and_loopback(clean_env, example_script):
-    plan = launch.plan_run({"script": example_script, "devices": 2}, clean_env)
+    plan = plan_run({"script": example_script, "devices": 2}, clean_env)
     assert plan.argv[1:5] == ["-m", "sprite.supervisor", "--nproc", "2"]
     assert plan.env["MASTER_ADDR"] == "127.0.0.1" and plan.env["WORLD_SIZE"] == "2"
     assert 1024 <= int(plan.env["MASTER_PORT"]) <= 65535
 
 
 def test_other_flavours(clean_env, slurm_env, example_script):
-    hydra = launch.plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec"}, clean_env)
+    hydra = plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec"}, clean_env)
     assert hydra.argv[:5] == ["mpiexec", "-n", "2", "-ppn", "2"] and hydra.env[contract.LAUNCHER] == "hydra"
-    ompi = launch.plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec", "mpi": "openmpi"},
+    ompi = plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec", "mpi": "openmpi"},
                            clean_env)
     exported = {ompi.argv[i + 1] for i, arg in enumerate(ompi.argv) if arg == "-x"}
     assert exported == set(ompi.env)  # Open MPI forwards only what -x names
-    torchrun = launch.plan_run({"script": example_script, "devices": 2, "launcher": "torchrun"}, clean_env)
+    torchrun = plan_run({"script": example_script, "devices": 2, "launcher": "torchrun"}, clean_env)
     assert torchrun.argv[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node" in torchrun.argv
-    multi = launch.plan_run({"script": example_script, "site": "perlmutter", "launcher": "torchrun"}, slurm_env)
+    multi = plan_run({"script": example_script, "site": "perlmutter", "launcher": "torchrun"}, slurm_env)
     assert multi.argv[:2] == ["srun", "--nodes"] and multi.argv[multi.argv.index("--nnodes") + 1] == "2"
 
 
@@ -124,4 +125,4 @@ def test_other_flavours(clean_env, slurm_env, example_script):
 ])
 def test_requests_the_allocation_cannot_hold(slurm_env, example_script, flags, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
-        launch.plan_run({"script": example_script, "site": "perlmutter", **flags}, slurm_env)
+        plan_run({"script": example_script, "site": "perlmutter", **flags}, slurm_env)

@@ -12,7 +12,7 @@ import runpy
 import sys
 import warnings
 
-from sprite.errors import EXIT_USAGE, SpriteError, UsageError
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError, report
 
 USAGE = "usage: python -m sprite.runtime SCRIPT [ARGS...]"
 
@@ -29,19 +29,25 @@ def run(argv: list[str]) -> None:
     if not os.path.isfile(script):
         raise UsageError(f"Script {script!r} does not exist.", "A relative path is read from the rank's working"
                          " directory.", f"Check the path (cwd: {os.getcwd()}).")
-    from sprite.runtime import config, inject, plguard, registry
+    from sprite.runtime import config, pytorch_lightning_guard, registry, trainer_wrap
 
     cfg = config.from_env(os.environ)
     registry.register()
     if cfg is not None:
-        inject.install(cfg)
-        plguard.install(cfg)
+        trainer_wrap.install(cfg)
+        pytorch_lightning_guard.install(cfg)
         if cfg.launcher != "srun":
             # Lightning 2.6.6 fabric/plugins/environments/slurm.py:205 tells every rank to "prepend srun" whenever
             # srun is on PATH; sprite chose this launcher on purpose, so the hint only misleads.
             warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
     sys.argv = [script, *argv[1:]]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # As `python SCRIPT` would: the script's folder first on sys.path. Under PYTHONSAFEPATH (set by sprite's
+    # plans) `-m` put no cwd entry there to replace, so the folder is inserted instead.
+    folder = os.path.dirname(os.path.abspath(script))
+    if getattr(sys.flags, "safe_path", False):
+        sys.path.insert(0, folder)
+    else:
+        sys.path[0] = folder
     runpy.run_path(script, run_name="__main__")
 
 
@@ -49,7 +55,7 @@ def main() -> int:
     try:
         run(sys.argv[1:])
     except SpriteError as err:
-        print(f"sprite: {err}", file=sys.stderr, flush=True)
+        print(report(err), file=sys.stderr, flush=True)
         return err.exit_code if err.exit_code else EXIT_USAGE
     return 0
 

@@ -23,6 +23,7 @@ class RuntimeConfig:
     devices: int  # ranks per node
     world_size: int
     launcher: Optional[str]  # a launcher flavour, None for a process nobody launched
+    checks: str = "on"  # on | off | strict: the fit-start contract checks (sprite/runtime/fit_checks.py)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -35,8 +36,8 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
-def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
-    value = env.get(name, "").strip() or "auto"
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str = "auto") -> str:
+    value = env.get(name, "").strip() or default
     if value not in allowed:
         raise UsageError(f"{name}={value!r} is not allowed.", _CAUSE, f"Use one of: {', '.join(allowed)}.")
     return value
@@ -78,4 +79,5 @@ def from_env(env: Mapping[str, str]) -> Optional[RuntimeConfig]:
         devices=devices,
         world_size=world,
         launcher=launcher,
+        checks=_choice(env, contract.CHECKS, contract.CHECK_MODES, "on"),
     )

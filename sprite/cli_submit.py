@@ -1,4 +1,5 @@
-"""Typer commands ``sprite qsub``, ``sprite sbatch``, ``sprite status`` and ``sprite cancel``; mounted by register()."""
+"""Typer commands that submit and follow jobs: one submit command per batch system (``sprite qsub``,
+``sprite sbatch``, named after the system's own client), ``sprite status`` and ``sprite cancel``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from typing import Optional
 
 import typer
 
+from sprite import schedulers
 from sprite.errors import UsageError
+from sprite.schedulers.base import Scheduler
 
 SUBMIT_HELP = """Write a {kind} job script for SPEC and submit it with {cmd}; print the job id and the log path.
 
@@ -22,41 +25,44 @@ Examples:
 
 
 def _job_id(value: str) -> str:
-    from sprite import submit_values
+    from sprite import values
 
-    if not submit_values.NAME.fullmatch(value):
+    if not values.NAME.fullmatch(value):
         raise UsageError(f"{value!r} is not a job id.", "Job ids are numbers or names such as 123.server.",
                          "Pass the id that sprite qsub/sbatch printed.")
     return value
 
 
-def _submit(spec_name: str, kind: str, dry_run: bool) -> None:
+def _submit(spec_name: str, scheduler: Scheduler, dry_run: bool) -> None:
     from sprite import submit
 
-    prepared = submit.prepare(spec_name, kind)
+    prepared = submit.prepare(spec_name, scheduler.name)
     if dry_run:
         typer.echo(prepared.text, nl=False)
         return
     job_id = submit.submit(prepared)
-    typer.echo(f"submitted {kind} job {job_id}")
+    typer.echo(f"submitted {scheduler.name} job {job_id}")
     typer.echo(f"script  {prepared.script_path}")
     typer.echo(f"log     {prepared.log_path.replace('%j', job_id)}")
 
 
+def _register_submit(app: typer.Typer, scheduler: Scheduler) -> None:
+    help_text = SUBMIT_HELP.format(kind=scheduler.label, cmd=scheduler.submit_program, example=scheduler.example_spec)
+
+    @app.command(scheduler.submit_program, help=help_text)
+    def submit_command(spec: str = typer.Argument(..., help="job spec YAML or a shipped example name"),
+                       dry_run: bool = typer.Option(False, "--dry-run",
+                                                    help="print the job script instead of submitting")):
+        _submit(spec, scheduler, dry_run)
+
+
 def register(app: typer.Typer) -> None:
     """Add the scheduler commands to ``app`` (imports nothing heavy; no torch or lightning)."""
+    for scheduler in schedulers.batch():
+        _register_submit(app, scheduler)
 
-    @app.command("qsub", help=SUBMIT_HELP.format(kind="PBS", cmd="qsub", example="aurora.job.yaml"))
-    def qsub(spec: str = typer.Argument(..., help="job spec YAML or a shipped example name"),
-             dry_run: bool = typer.Option(False, "--dry-run", help="print the job script instead of submitting")):
-        _submit(spec, "pbs", dry_run)
-
-    @app.command("sbatch", help=SUBMIT_HELP.format(kind="Slurm", cmd="sbatch", example="perlmutter.job.yaml"))
-    def sbatch(spec: str = typer.Argument(..., help="job spec YAML or a shipped example name"),
-               dry_run: bool = typer.Option(False, "--dry-run", help="print the job script instead of submitting")):
-        _submit(spec, "slurm", dry_run)
-
-    scheduler_opt = typer.Option(None, "--scheduler", help="pbs|slurm; default: the site's, else the client on PATH")
+    names = "|".join(s.name for s in schedulers.batch())
+    scheduler_opt = typer.Option(None, "--scheduler", help=f"{names}; default: the site's, else the client on PATH")
     site_opt = typer.Option(None, "--site", help="site profile whose scheduler to ask")
     job_id_arg = typer.Argument(..., help="the job id sprite qsub/sbatch printed")
 
@@ -78,6 +84,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _kind(value: Optional[str]) -> Optional[str]:
-    if value is not None and value not in ("pbs", "slurm"):
-        raise UsageError(f"Option --scheduler {value!r} is not a scheduler.", "", "Allowed: pbs, slurm.")
+    allowed = [s.name for s in schedulers.batch()]
+    if value is not None and value not in allowed:
+        raise UsageError(f"Option --scheduler {value!r} is not a scheduler.", "", f"Allowed: {', '.join(allowed)}.")
     return value

@@ -12,7 +12,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DDPStrategy
 
 from sprite.errors import UsageError
-from sprite.runtime import config, inject
+from sprite.runtime import config, trainer_wrap
 from sprite.runtime.environment import TorchrunEnvironment
 from sprite.runtime.fsdp2 import FSDP2Strategy
 from sprite.runtime.precision import XPUMixedPrecision
@@ -38,7 +38,7 @@ def rank1(monkeypatch):
     for name, value in {**LAUNCH, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29999"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(Trainer, "__init__", Trainer.__init__)  # restored after the test
-    inject.install(config.from_env(dict(__import__("os").environ)))
+    trainer_wrap.install(config.from_env(dict(__import__("os").environ)))
 
 
 def test_no_contract_means_no_launch():
@@ -91,32 +91,32 @@ def test_contradicting_arguments_raise_naming_both_values(rank1, kwargs, names):
 
 
 def test_strategy_choice(rank1):
-    assert inject.launched_trainer_kwargs(cfg(), {})["strategy"].__class__.__name__ == "XPUDDPStrategy"
-    assert isinstance(inject.launched_trainer_kwargs(cfg(strategy="fsdp"), {})["strategy"], FSDP2Strategy)
+    assert trainer_wrap.launched_trainer_kwargs(cfg(), {})["strategy"].__class__.__name__ == "XPUDDPStrategy"
+    assert isinstance(trainer_wrap.launched_trainer_kwargs(cfg(strategy="fsdp"), {})["strategy"], FSDP2Strategy)
     kept = FSDP2Strategy()
-    assert inject.launched_trainer_kwargs(cfg(), {"strategy": kept})["strategy"] is kept  # auto keeps the script's
+    assert trainer_wrap.launched_trainer_kwargs(cfg(), {"strategy": kept})["strategy"] is kept  # auto keeps the script's
     with pytest.raises(UsageError, match="Trainer\\(strategy='ddp'\\).*strategy 'fsdp'"):
-        inject.launched_trainer_kwargs(cfg(strategy="fsdp"), {"strategy": "ddp"})
+        trainer_wrap.launched_trainer_kwargs(cfg(strategy="fsdp"), {"strategy": "ddp"})
 
 
 def test_precision_becomes_an_autocast_plugin_for_the_launched_device(rank1):
-    kwargs = inject.launched_trainer_kwargs(cfg(), {"precision": "bf16", "accelerator": CPUAccelerator()})
+    kwargs = trainer_wrap.launched_trainer_kwargs(cfg(), {"precision": "bf16", "accelerator": CPUAccelerator()})
     (plugin,) = [p for p in kwargs["plugins"] if isinstance(p, XPUMixedPrecision)]
     assert plugin.device == "cpu" and plugin.precision == "bf16-mixed" and "precision" not in kwargs
-    kwargs = inject.launched_trainer_kwargs(cfg(precision="32-true"), {"precision": 32})
+    kwargs = trainer_wrap.launched_trainer_kwargs(cfg(precision="32-true"), {"precision": 32})
     assert kwargs["precision"] == "32-true"
     with pytest.raises(UsageError, match="precision='16-mixed'"):
-        inject.launched_trainer_kwargs(cfg(precision="bf16-mixed"), {"precision": "16-mixed"})
+        trainer_wrap.launched_trainer_kwargs(cfg(precision="bf16-mixed"), {"precision": "16-mixed"})
 
 
 def test_auto_accelerator_keeps_the_scripts_choice(rank1):
-    kwargs = inject.launched_trainer_kwargs(cfg(accelerator="auto"), {"accelerator": "cpu", "precision": "bf16-mixed"})
+    kwargs = trainer_wrap.launched_trainer_kwargs(cfg(accelerator="auto"), {"accelerator": "cpu", "precision": "bf16-mixed"})
     assert kwargs["accelerator"] == "cpu" and kwargs["plugins"][0].device == "cpu"
-    assert inject.launched_trainer_kwargs(cfg(accelerator="auto"), {})["accelerator"] in ("cpu", "cuda")
+    assert trainer_wrap.launched_trainer_kwargs(cfg(accelerator="auto"), {})["accelerator"] in ("cpu", "cuda")
 
 
 def test_world_of_one_adds_no_environment():
-    kwargs = inject.launched_trainer_kwargs(cfg(devices="1", world_size="1"), {})
+    kwargs = trainer_wrap.launched_trainer_kwargs(cfg(devices="1", world_size="1"), {})
     assert kwargs["plugins"] == [] and kwargs["devices"] == 1 and kwargs["strategy"] == "auto"
 
 

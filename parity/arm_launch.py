@@ -43,7 +43,7 @@ def launch(flags: dict, log: pathlib.Path, limit: float | None = None, cancel=No
     allocation).
     """
     from sprite.execute import run_plan
-    from sprite.launch import plan_run
+    from sprite.plan import plan_run
 
     plan = plan_run(flags)
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -7,30 +7,37 @@ site would refuse at qsub/sbatch time. Every rejection names the file, line and 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
-from sprite import submit_values as v
-from sprite.yamlsrc import YamlDoc
+from sprite import schedulers
+from sprite import values as v
+from sprite.yamldoc import YamlDoc
 
-KINDS = ("pbs", "slurm")
-CHECKS: dict[str, Callable] = {
+# Keys every batch system understands; each scheduler module adds its own (``Scheduler.block_checks``).
+COMMON: dict[str, Callable] = {
     "account": v.token, "queue": v.name, "walltime": v.walltime, "nodes": v.count, "job_name": v.name,
     "output_dir": v.token, "dependency": v.dependency, "preempt_signal": v.preempt_signal, "requeue": v.flag,
     "extra": v.directives, "setup": v.setup, "python": v.token,
-    "filesystems": v.names, "place": v.place, "select": v.token,  # PBS Pro
-    "partition": v.name, "constraint": v.token, "gpus_per_node": v.count, "cpus_per_task": v.count,  # Slurm
 }
-ONLY = {"filesystems": "pbs", "place": "pbs", "select": "pbs",
-        "partition": "slurm", "constraint": "slurm", "gpus_per_node": "slurm", "cpus_per_task": "slurm"}
+
+
+def checks() -> dict[str, Callable]:
+    """Every scheduler-block key and its checker: the common ones, then each batch system's own."""
+    return {**COMMON, **{key: check for s in schedulers.batch() for key, check in s.block_checks.items()}}
+
+
+def owners() -> dict[str, str]:
+    """The keys only one batch system understands (filesystems -> pbs), as each scheduler module declares them."""
+    return {key: s.name for s in schedulers.batch() for key in s.block_checks}
 NOT_IN_SITE = ("output_dir", "dependency", "job_name")  # per job, never a site default
 QUEUE_KEYS = {"min_nodes": v.count, "max_nodes": v.count, "max_walltime": v.walltime}
 
 
 @dataclass(frozen=True)
 class SchedulerBlock:
-    """Everything a job script needs besides the launch itself. ``kind`` is "pbs" or "slurm"."""
+    """Everything a job script needs besides the launch itself. ``kind`` names a batch system of sprite.schedulers."""
 
     kind: str
     nodes: int
@@ -52,25 +59,27 @@ class SchedulerBlock:
     constraint: str | None = None
     gpus_per_node: int | None = None
     cpus_per_task: int | None = None
+    options: dict = field(default_factory=dict)  # keys of a batch system that has no field here (a new one's)
 
 
 def check_block(doc: YamlDoc, section: tuple, kind: str | None, site: bool = False) -> dict:
-    """Validated values of the mapping at ``section`` of ``doc``; ``kind`` ("pbs"/"slurm") refuses the other's keys.
+    """Validated values of the mapping at ``section`` of ``doc``; ``kind`` (a batch system) refuses other systems' keys.
 
     Raises SpecError naming file, line and key for an unknown key, a key of the other scheduler or a bad value.
     """
     raw = doc.mapping(section)
     complain_for = doc.complainer(section)
-    allowed = [key for key in CHECKS if not (site and key in NOT_IN_SITE)]
+    table, only = checks(), owners()
+    allowed = [key for key in table if not (site and key in NOT_IN_SITE)]
     out = {}
     for key, value in raw.items():
         if key not in allowed:
             raise complain_for(key)("is not a scheduler key" + (" of a site profile." if site else "."),
                                     ", ".join(allowed))
-        if kind and ONLY.get(key, kind) != kind:
-            raise complain_for(key)(f"is a {ONLY[key].upper()} key, but this job goes to {kind.upper()}.",
-                                    ", ".join(k for k in allowed if ONLY.get(k, kind) == kind))
-        out[key] = CHECKS[key](value, complain_for(key))
+        if kind and only.get(key, kind) != kind:
+            raise complain_for(key)(f"is a {only[key].upper()} key, but this job goes to {kind.upper()}.",
+                                    ", ".join(k for k in allowed if only.get(k, kind) == kind))
+        out[key] = table[key](value, complain_for(key))
     return out
 
 
@@ -117,7 +126,7 @@ def resolve(kind: str, doc: YamlDoc, site, job, cwd: str) -> SchedulerBlock:
     file's line and key for a missing walltime, an unknown queue or a request beyond the queue's limits.
     """
     # A spec for a scheduler-less site (local) may hold keys of both kinds; the other kind's are unused.
-    given = check_block(doc, ("scheduler",), kind if site.scheduler in KINDS else None)
+    given = check_block(doc, ("scheduler",), kind if schedulers.get(site.scheduler).submit_program else None)
     block = {**site.submit, **given}
 
     nodes_key = ("scheduler", "nodes") if "nodes" in given or not job.nodes else ("nodes",)
@@ -139,4 +148,5 @@ def resolve(kind: str, doc: YamlDoc, site, job, cwd: str) -> SchedulerBlock:
         Path(cwd) / "sprite-jobs")
     block.setdefault("job_name", re.sub(r"[^A-Za-z0-9_.-]", "-", Path(doc.source).name.split(".")[0]) or "sprite")
     known = {f.name for f in fields(SchedulerBlock)}
-    return SchedulerBlock(kind=kind, **{key: value for key, value in block.items() if key in known})
+    options = {key: value for key, value in block.items() if key not in known}
+    return SchedulerBlock(kind=kind, options=options, **{key: value for key, value in block.items() if key in known})

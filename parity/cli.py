@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from sprite.errors import EXIT_OK, SpriteError, UsageError
+from sprite.errors import EXIT_OK, SpriteError, UsageError, report
 
 app = typer.Typer(
     name="parity", invoke_without_command=True, no_args_is_help=False, add_completion=False,
@@ -31,7 +31,7 @@ def _finish(reports: dict) -> None:
 
 
 def _fail(err: SpriteError) -> None:
-    print(f"sprite parity: {err}", file=sys.stderr, flush=True)
+    print(report(err), file=sys.stderr, flush=True)
     raise typer.Exit(err.exit_code)
 
 

@@ -1,7 +1,7 @@
-"""Value checkers for the ``scheduler:`` block of a job spec and the ``submit:`` block of a site profile.
+"""Every value checker of a job spec, a site profile and a spec's ``scheduler:`` block, in one place.
 
-Each checker takes the raw YAML value and ``complain(what, allowed)`` and returns the clean value or raises
-what ``complain`` builds (a SpecError naming file, line and key).
+Each checker takes the raw YAML (or flag) value and ``complain(what, allowed)`` and returns the clean value or
+raises what ``complain`` builds (a SpecError naming file, line and key, or a UsageError naming the flag).
 
 Every value that reaches a ``#PBS``/``#SBATCH`` directive must be a plain token (letters, digits and
 ``_ . , : = @ % + / -``): qsub and sbatch read directives with their own parsers, not the shell's, so no
@@ -15,7 +15,7 @@ import re
 import shlex
 from typing import Any
 
-from sprite.errors import Complain
+from sprite.errors import Complain, UsageError
 
 TOKEN = re.compile(r"[A-Za-z0-9_.,:=@%+/-]+")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -136,3 +136,92 @@ def setup(value: Any, complain: Complain) -> tuple[tuple[str, ...], ...]:
     return tuple(words for words in out if words)
 
 
+def choice(options: tuple[str, ...]):
+    """A checker accepting exactly one of ``options``."""
+    def check(value: Any, complain: Complain) -> str:
+        text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+        if text not in options:
+            raise complain(f"{value!r} is not a valid choice.", ", ".join(options))
+        return text
+    return check
+
+
+def switch(options: tuple[str, ...]):
+    """``choice(options)`` for options that start with "on" and "off", which a bare YAML on/off (or yes/no,
+    true/false) reaches as a boolean under yaml.safe_load (YAML 1.1)."""
+    plain = choice(options)
+
+    def check(value: Any, complain: Complain) -> str:
+        return options[0 if value else 1] if isinstance(value, bool) else plain(value, complain)
+    return check
+
+
+def positive_int(value: Any, complain: Complain) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise complain(f"{value!r} is not a whole number.", "an integer of at least 1, e.g. 2")
+    if int(value) < 1:
+        raise complain(f"{value!r} is less than 1.", "an integer of at least 1")
+    return int(value)
+
+
+def port(value: Any, complain: Complain) -> int:
+    number = positive_int(value, complain)
+    if not 1024 <= number <= 65535:
+        raise complain(f"{number} is outside the unprivileged port range.", "1024-65535")
+    return number
+
+
+def string(value: Any, complain: Complain) -> str:
+    if not isinstance(value, str) or not value:
+        raise complain(f"{value!r} is not a non-empty string.", "a path or name in quotes if need be")
+    return value
+
+
+def string_list(value: Any, complain: Complain) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part]
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+        raise complain(f"{value!r} is not a list of strings.", "a YAML list such as [a, b]")
+    return tuple(str(v) for v in value)
+
+
+def env(value: Any, complain: Complain) -> dict:
+    if not isinstance(value, dict):
+        raise complain(f"{value!r} is not a mapping.", "NAME: value pairs")
+    out = {}
+    for name, val in value.items():
+        if not isinstance(name, str) or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise complain(f"{name!r} is not a valid environment variable name.", "letters, digits and _")
+        if isinstance(val, (dict, list)) or val is None:
+            raise complain(f"{name}={val!r} is not a scalar value.", "a string or number")
+        out[name] = str(val).lower() if isinstance(val, bool) else str(val)
+    return out
+
+
+def mapping(value: Any, complain: Complain) -> dict:
+    if not isinstance(value, dict):
+        raise complain(f"{value!r} is not a mapping.", "a block of key: value lines")
+    return dict(value)
+
+
+def directive_word(key: str, value) -> str:
+    """``value`` as directive text that needs no quoting. Raises UsageError naming ``key`` otherwise.
+
+    Values were checked to be directive-safe tokens when the block was validated; here each is still passed
+    through ``shlex.quote`` and must come back unchanged, so a token that would need quoting can never reach a
+    directive even if a caller skipped validation.
+    """
+    text = str(value)
+    if shlex.quote(text) != text or not text:
+        raise UsageError(
+            f"scheduler.{key} = {text!r} cannot be written into a job-script directive.",
+            "qsub and sbatch read directives with their own parsers, so quoting cannot protect spaces, "
+            "quotes, $ or control characters there.",
+            "Use letters, digits and _ . , : = @ % + / - only.",
+        )
+    return text
+
+
+def directive_words(item: str) -> str:
+    """An ``extra`` directive option, every space-separated word checked by ``directive_word``."""
+    return " ".join(directive_word("extra", word) for word in item.split(" "))

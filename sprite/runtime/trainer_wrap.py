@@ -2,7 +2,7 @@
 
 ``PL_TRAINER_*`` environment defaults cannot carry plugins (Lightning 2.6.6 utilities/argparse.py,
 _defaults_from_env_vars), so sprite wraps ``lightning.pytorch.Trainer.__init__`` instead. Every check here runs
-inside that call, before Lightning creates a process group.
+inside that call, before Lightning creates a process group; the fit-start checks go in as a callback (fit_checks).
 """
 
 from __future__ import annotations
@@ -14,12 +14,19 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy, Strategy
 
 from sprite.errors import UsageError
+from sprite.runtime import strategy_check
 from sprite.runtime.config import RuntimeConfig
 from sprite.runtime.ddp import XPUDDPStrategy
 from sprite.runtime.devices import DeviceType, device_type
 from sprite.runtime.environment import ENVIRONMENTS
+from sprite.runtime.fit_checks import FitChecks
 from sprite.runtime.kwargs import accelerator_for, make_strategy
 from sprite.runtime.precision import MIXED, XPUMixedPrecision, normalize_precision
+
+
+def _as_list(given) -> list:
+    """A Trainer argument that takes one item or a list (plugins, callbacks) as a new list."""
+    return list(given) if isinstance(given, (list, tuple)) else ([] if given is None else [given])
 
 
 def _conflict(arg: str, given, launched: str) -> UsageError:
@@ -114,7 +121,7 @@ def launched_trainer_kwargs(cfg: RuntimeConfig, kwargs: dict) -> dict:
 
     Raises:
         UsageError: an explicit argument (accelerator, devices, num_nodes, strategy, precision) contradicts the
-            launch, or the process's rank variables contradict each other or the launch.
+            launch, the strategy is one sprite does not launch (strategy_check), or the rank variables conflict.
     """
     kwargs = dict(kwargs)
     if "num_nodes" in kwargs and int(kwargs["num_nodes"]) != cfg.num_nodes:
@@ -122,15 +129,18 @@ def launched_trainer_kwargs(cfg: RuntimeConfig, kwargs: dict) -> dict:
     kwargs["num_nodes"] = cfg.num_nodes
     kwargs["accelerator"], kind = _accelerator(cfg.accelerator, kwargs.get("accelerator"))
     kwargs["devices"] = _devices(cfg, kwargs.get("devices"))
+    strategy_check.check(cfg, kwargs.get("strategy"), resolved=False)
     kwargs["strategy"] = _strategy(cfg, kind, kwargs.get("strategy"), kwargs["devices"])
-    given = kwargs.get("plugins")
-    plugins = list(given) if isinstance(given, (list, tuple)) else ([] if given is None else [given])
+    strategy_check.check(cfg, kwargs["strategy"], resolved=True)
+    plugins = _as_list(kwargs.get("plugins"))
     _precision(cfg, kind, kwargs, plugins)
     if cfg.world_size > 1 and cfg.launcher and not any(isinstance(p, ClusterEnvironment) for p in plugins):
         environment = ENVIRONMENTS[cfg.launcher]()
         environment.validate_settings(cfg.devices, cfg.num_nodes)
         plugins.append(environment)
     kwargs["plugins"] = plugins
+    if cfg.checks != "off":
+        kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), FitChecks(cfg)]
     return kwargs
 
 
