@@ -42,6 +42,10 @@ def launch_outcome(out: pathlib.Path, key: str) -> str:
     record = json.loads(path.read_text())
     if record.get("timed_out"):
         return f"not executed: timed out after {record['limit_s']:g} s"
+    if record.get("cancelled"):
+        return f"not executed: launch {key} was stopped when the check ended (a time-out or an interrupt)"
+    if record.get("skipped"):
+        return f"not executed: launch {key} was skipped: {record['skipped']}"
     return f"not executed: launch {key} exited with code {record.get('exit_code')} (see logs/{key}.log)"
 
 

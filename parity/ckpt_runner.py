@@ -61,7 +61,7 @@ def _one(out, item: Launch, settings, display, cancel, threads) -> tuple[str, in
         code = launch(overrides(out, item, settings, threads if item.processes == 1 else 0),
                       out / "logs" / f"{item.key}.log", settings.time_limit, cancel)
     except InterruptedError:
-        code = "cancelled"
+        code = "cancelled"  # the check ended: another launch timed out, or Ctrl-C / SIGTERM
     seconds = round(time.monotonic() - start, 1)
     _record(out, item.key, exit_code=code if isinstance(code, int) else None, timed_out=code is None,
             cancelled=code == "cancelled", limit_s=settings.time_limit, seconds=seconds, started=started,
@@ -70,7 +70,7 @@ def _one(out, item: Launch, settings, display, cancel, threads) -> tuple[str, in
     sealed = integrity.manifest_path(out / result_dir(item.arm, item.role)).is_file()
     ok = isinstance(code, int) and ((code != 0 and sealed) if item.role == "killed" else code == 0)
     state = ("done" if ok else "timed out after {:g} s".format(settings.time_limit) if code is None
-             else "stopped: another launch timed out" if code == "cancelled" else f"failed (exit code {code})")
+             else "stopped: the check ended" if code == "cancelled" else f"failed (exit code {code})")
     display.end(item.key, state)
     return ("ok" if ok else "timeout" if code is None else "failed"), code
 
@@ -105,7 +105,7 @@ def _skip(out, pending, outcomes, cancel, display) -> None:
     for item in [i for i in pending if cancel.is_set() or any(outcomes.get(d, "ok") != "ok" for d in i.after)]:
         pending.remove(item)
         outcomes[item.key] = "skipped"
-        reason = "the check ended after a launch timed out" if cancel.is_set() else "a launch it needs failed"
+        reason = "the check ended before it started" if cancel.is_set() else "a launch it needs failed"
         _record(out, item.key, skipped=reason)
         display.end(item.key, f"skipped: {reason}")
 

@@ -47,6 +47,11 @@ def bf16(tmp_path_factory):
     return _run(tmp_path_factory, "bf16", "--precision", "bf16-mixed")
 
 
+def processes() -> str:
+    """Every process's full command line (ww: never cut to $COLUMNS)."""
+    return subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
+
+
 def report_of(out: Path) -> dict:
     return json.loads((out / "checkpoint_report.json").read_text())
 
@@ -184,7 +189,8 @@ def test_consolidate_writes_the_file_a_1_device_fit_resumed_from(fp32, tmp_path,
     # The export role resumed a 1-device Lightning fit from the same consolidation and passed every check.
     exported = fp32[0] / "checkpoints" / "fsdp-killed-epoch1.consolidated.ckpt"
     assert out.read_bytes() == exported.read_bytes()
-    assert [c["passed"] for c in report_of(fp32[0])["checks"] if c["arm"] == "export fsdp"] == [True] * 12
+    exported_checks = [c["passed"] for c in report_of(fp32[0])["checks"] if c["arm"] == "export fsdp"]
+    assert len(exported_checks) >= 12 and all(exported_checks)
     checkpoint = torch.load(out, weights_only=True)
     assert {"state_dict", "optimizer_states", "loops", "lr_schedulers", "global_step"} <= set(checkpoint)
     assert all(isinstance(key, int) for key in checkpoint["optimizer_states"][0]["state"])
@@ -198,7 +204,7 @@ def test_consolidate_writes_the_file_a_1_device_fit_resumed_from(fp32, tmp_path,
 
 
 def test_consolidate_refuses_an_altered_shard(fp32, tmp_path, sprite_cmd):
-    copy = tmp_path / "ckpt"
+    copy = tmp_path / "fsdp-killed-epoch1"  # a sealed folder's manifest names it
     shutil.copytree(fp32[0] / "checkpoints" / "fsdp-killed-epoch1", copy)
     flip_byte(copy / "__0_0.distcp")
     run = subprocess.run([*sprite_cmd, "ckpt", "consolidate", str(copy), str(tmp_path / "x.ckpt")],
@@ -215,7 +221,7 @@ def test_a_launch_past_the_time_limit_ends_the_check_as_not_executed(tmp_path):
     outcomes = [json.loads(path.read_text()) for path in (out / "launches").glob("*.json")]
     assert any(o.get("timed_out") for o in outcomes)
     assert all(o.get("timed_out") or o.get("cancelled") or o.get("skipped") for o in outcomes)
-    left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    left = processes()
     assert str(out) not in left  # every process of the stopped launches is gone
 
 
@@ -226,10 +232,10 @@ def test_sigterm_stops_the_running_launches_and_exits_130(tmp_path, sprite_cmd, 
     proc = subprocess.Popen([*sprite_cmd, "ckpt-check", "--out", str(out)], env=clean_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while f"{out} --launch" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout:
+    while f"{out} --launch" not in processes():
         assert time.monotonic() < deadline and proc.poll() is None, "no launch started"
         time.sleep(0.2)
     proc.terminate()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
-    assert str(out) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out) not in processes()
