@@ -4,12 +4,13 @@ against a plain torch.save / torch.load of the same state, measured in the same 
 The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) is sharded with FSDP2 over the
 launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint holds: every weight, frozen ones
 included, and the adapter's optimizer state. Two formats:
-- sharded: a torch.distributed.checkpoint folder, each rank fsyncing and hashing its own shards, rank 0 sealing;
-  load = verify (rank 0 hashes the folder) + dcp.load. Baseline: each rank torch.save / torch.load of its own
-  local shards, one file per rank.
-- full state: the gathered state on rank 0 written with integrity.write_new (fsync) and sealed; load = verify +
-  torch.load. Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering is done once,
-  outside both timings (it is Lightning's cost, the same for both).
+- sharded: a torch.distributed.checkpoint folder, each rank hashing its own shards, rank 0 sealing; load =
+  every rank verifies the folder, then dcp.load (as ckpt-check's ranks do). Baseline: each rank torch.save /
+  torch.load of its own local shards, one file per rank.
+- full state: the gathered state on rank 0 torch.saved straight into a new file (never over an existing name,
+  fsync), hashed on the way, then sealed; load = torch.load while another thread verifies.
+  Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering is done once, outside both
+  timings (it is Lightning's cost, the same for both).
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name.
 
     python benchmarks/checkpoint_io.py [--model qwen2.5-0.5b-shape] [--devices 2] [--accelerator auto] [--repeats 3]
@@ -94,10 +95,8 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         dist.barrier()
         torch.save(local, plain / f"rank{rank}.pt")
 
-    def sprite_load():
-        ok = [integrity.verify(folder).valid] if rank == 0 else [None]
-        dist.broadcast_object_list(ok)
-        assert ok[0], "the sealed folder does not verify"
+    def sprite_load():  # as ckpt-check's ranks do: each verifies the folder, then the load
+        assert integrity.verify(folder).valid, "the sealed folder does not verify"
         dcp.load(state, checkpoint_id=folder)
 
     def plain_load():
@@ -116,20 +115,16 @@ def _flat(optim: dict) -> dict:
 
 def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     """One repeat of the full-state format on rank 0: sealed write-once file and verified load, and the baseline."""
-    import io
-
     import torch
 
     from sprite import integrity
+    from sprite.parity.ckpt_saving import load_verified, save_hashed
 
     path, plain = root / f"full{repeat}.ckpt", root / f"full{repeat}.plain.ckpt"
 
-    def sprite_save():
+    def sprite_save():  # as WriteOnceCheckpointIO + save_sealed: hashed while written, then sealed
         if rank == 0:
-            buffer = io.BytesIO()
-            torch.save(state, buffer)
-            integrity.write_new(path, buffer.getbuffer())
-            integrity.seal(path, {"bench": True})
+            integrity.seal(path, {"bench": True}, save_hashed(state, path))
 
     def plain_save():
         if rank == 0:
@@ -137,8 +132,7 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
 
     def sprite_load():
         if rank == 0:
-            assert integrity.verify(path).valid, "the sealed file does not verify"
-            torch.load(path, weights_only=True)
+            load_verified(path)
 
     def plain_load():
         if rank == 0:

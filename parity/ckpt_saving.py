@@ -1,7 +1,7 @@
 """Checkpoints written once and sealed: a Lightning save into a new name, then a manifest written last.
 
-A file checkpoint (1 device, DDP, FSDP2 full state) is serialised in memory and created with
-``integrity.write_new`` by rank 0, so no existing file is ever replaced. A sharded FSDP2 checkpoint (a
+A file checkpoint (1 device, DDP, FSDP2 full state) is written by rank 0 straight into a new file, hashed on the
+way, so no existing file is ever replaced and the seal needs no second read. A sharded FSDP2 checkpoint (a
 torch.distributed.checkpoint folder) goes into a folder rank 0 creates fresh; every rank then fsyncs and
 describes the files it wrote, rank 0 gathers the descriptions and seals the folder once all ranks confirmed.
 Only rank workers import this module.
@@ -9,10 +9,11 @@ Only rank workers import this module.
 
 from __future__ import annotations
 
-import io
+import hashlib
 import os
 import pathlib
 import re
+import threading
 
 import torch
 import torch.distributed as dist
@@ -23,14 +24,81 @@ from sprite import integrity
 _SHARD = re.compile(r"__(\d+)_\d+\.distcp$")  # torch.distributed.checkpoint's FileSystemWriter names
 
 
+class _HashingFile:
+    """What torch.save writes into: every chunk is hashed, then written to ``fd``."""
+
+    def __init__(self, fd: int):
+        self.fd, self.sha, self.size = fd, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.sha.update(view)
+        self.size += view.nbytes
+        while view:
+            view = view[os.write(self.fd, view):]
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+
+def save_hashed(obj, path: pathlib.Path) -> dict:
+    """torch.save of ``obj`` straight into the new file ``path`` (created as integrity.write_new creates files:
+    never over an existing name or through a symlink, mode 0600, fsynced), hashing the bytes on the way, so
+    there is neither an in-memory copy nor a second read; returns the file's manifest entry.
+
+    Raises IntegrityError if ``path`` exists (or is a symlink); a failed save removes the partial file.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise integrity.IntegrityError(f"{path} exists already; refusing to write a checkpoint over it.",
+                                       "An earlier run wrote there.", "Save into a fresh directory.") from None
+    try:
+        os.fchmod(fd, 0o600)
+        sink = _HashingFile(fd)
+        torch.save(obj, sink)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+    return {path.name: {"size": sink.size, "sha256": sink.sha.hexdigest()}}
+
+
+def load_verified(path: pathlib.Path):
+    """torch.load of a sealed file while another thread verifies it; the state is returned only if it verifies.
+
+    Raises IntegrityError naming what differs (also when the damage made torch.load fail).
+    """
+    verdict: dict = {}
+    checker = threading.Thread(target=lambda: verdict.update(v=integrity.verify(path)))
+    checker.start()
+    state, failure = None, None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a damaged file may not even unpickle: the verdict says why first
+        failure = err
+    finally:
+        checker.join()
+    if not verdict["v"].valid:
+        raise integrity.IntegrityError(f"{path} does not match its manifest: {verdict['v'].reason}.",
+                                       "It was changed after the save.", "Use another checkpoint.")
+    if failure is not None:
+        raise failure
+    return state
+
+
 class WriteOnceCheckpointIO(TorchCheckpointIO):
-    """Lightning's torch.save checkpoint IO, but the file must be new (never written over) and is fsynced."""
+    """Lightning's torch.save checkpoint IO, but the file must be new (never written over), is fsynced, and is
+    hashed while written (``files``, for the seal that follows in ``save_sealed``)."""
+
+    files: dict | None = None
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         """Raises IntegrityError if ``path`` exists (or is a symlink)."""
-        buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
-        integrity.write_new(path, buffer.getbuffer())
+        self.files = save_hashed(checkpoint, pathlib.Path(path))
 
 
 def _gather(value) -> list:
@@ -72,7 +140,8 @@ def save_sealed(trainer, path: pathlib.Path, meta: dict) -> None:
     trainer.save_checkpoint(path)
     if not sharded:
         if rank == 0:
-            integrity.seal(path, {**meta, "format": "file"})
+            files = getattr(strategy.checkpoint_io, "files", None)
+            integrity.seal(path, {**meta, "format": "file"}, files if files and path.name in files else None)
         strategy.barrier("sprite.save_sealed.end")
         return
     names = _own_files(path, rank)
