@@ -64,7 +64,8 @@ class CkptModule(L.LightningModule):
             self.frozen_before_load = {n: ckpt_state.digest(p) for n, p in self.net.named_parameters()
                                        if not p.requires_grad}
         self.steps: list[dict] = []
-        self.saves: dict[str, dict] = {}
+        self.saves: dict[str, dict] = {}  # checkpoint path -> the state captured inside that save
+        self._saving: str | None = None  # the path EpochEndSaves is saving to
         self.restored: dict | None = None
         self.arrays: dict = {}
         self.pending: dict = {}

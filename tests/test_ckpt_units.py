@@ -167,3 +167,31 @@ def test_a_file_checkpoint_is_hashed_while_written_and_verified_while_loaded(tmp
     (tmp_path / "b" / "a.ckpt.sprite-manifest.json").write_bytes(integrity.manifest_path(path).read_bytes())
     with pytest.raises(integrity.IntegrityError, match="SHA-256"):
         load_verified(altered)
+
+
+def _step(index: int) -> dict:
+    return {"global_step": index, "epoch": index, "batch_idx": 0, "rows": [index], "loss": 0.5, "lr": [0.1 / (1 + index)]}
+
+
+def test_a_fault_is_rejected_only_for_the_checks_attributable_to_it():
+    from sprite.parity.ckpt_judge import fault_case
+    from sprite.parity.ckpt_roles import checkpoint
+
+    settings = CkptSettings(devices=2, epochs=2, steps_per_epoch=1)
+    saved = {**SAVED, "frozen_full": {"f": "4"}}
+    fit = {"ranks": [{"steps": [_step(0), _step(1)]}]}
+    killed = {"ranks": [{"steps": [_step(0), _step(1)], "saves": {checkpoint("single", "killed", 1): {"state": saved}}}]}
+
+    def case(restored: dict) -> dict:
+        result = {"ranks": [{"restored": restored, "steps": [_step(1)], "frozen_before_load": {"f": "9"}}]}
+        get = {"single/fit": fit, "single/killed": killed, "single/fault_dropped-optimizer-state": result}.get
+        return fault_case("single", "dropped-optimizer-state", get, {}, True, settings)
+
+    dropped = case({**saved, "optimizer": {}})
+    assert dropped["status"] == "rejected" and dropped["evidence"] == ["optimizer"]
+    also_weights = case({**saved, "optimizer": {}, "trainables": {"a": "0", "b": "2"}})
+    assert also_weights["status"] == "not rejected" and "trainables" in also_weights["reason"]
+    assert case(dict(saved))["status"] == "not rejected"  # nothing failed: the fault went unseen
+    missing = fault_case("single", "dropped-optimizer-state", {}.get, {"single/fault_dropped-optimizer-state": "gone"},
+                         True, settings)
+    assert missing["status"] == "not executed" and missing["reason"] == "gone"
