@@ -4,11 +4,14 @@ against a plain torch.save / torch.load of the same state, measured in the same 
 The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) is sharded with FSDP2 over the
 launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint holds: every weight, frozen ones
 included, and the adapter's optimizer state. Two formats:
-- sharded: a torch.distributed.checkpoint folder, each rank hashing its own shards, rank 0 sealing; load =
-  every rank verifies the folder, then dcp.load (as ckpt-check's ranks do). Baseline: each rank torch.save /
-  torch.load of its own local shards, one file per rank.
-- full state: the gathered state on rank 0 torch.saved straight into a new file (never over an existing name,
-  fsync), hashed on the way, then sealed; load = torch.load while another thread verifies.
+The sprite side is what sprite's runtime does with every checkpoint (sprite.runtime.ckpt_seal, hashed_save);
+loads verify first, as ckpt-check's ranks and `sprite run --resume` do.
+- sharded: a torch.distributed.checkpoint folder, each rank fsyncing and hashing its own shards, rank 0 sealing;
+  load = every rank verifies the folder, then dcp.load. Baseline: each rank torch.save / torch.load of its own
+  local shards, one file per rank.
+- full state: the gathered state on rank 0 written by the runtime's hashed save (serialised, written under a
+  temporary name with fsync while another thread hashes the bytes, renamed), then sealed; load = verify, then
+  torch.load.
   Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering is done once, outside both
   timings (it is Lightning's cost, the same for both).
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name.
@@ -66,6 +69,24 @@ def _folder_bytes(path: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _seal(path: pathlib.Path, rank: int, world: int) -> None:
+    """What sprite's runtime does after every save (sprite.runtime.ckpt_seal): each of ``world`` ranks fsyncs and
+    hashes the files it wrote (a single file hashed while written is not read again), rank 0 seals them all."""
+    import torch.distributed as dist
+
+    from sprite import integrity
+    from sprite.runtime.ckpt_seal import _describe_mine
+
+    mine = _describe_mine(path, rank, world)
+    reports = [mine]
+    if world > 1:  # a full-state file is rank 0's alone: no gather
+        reports = [None] * world
+        dist.all_gather_object(reports, mine)
+    if rank == 0:
+        assert all(ok for ok, _ in reports), reports
+        integrity.seal(path, {"bench": True}, {rel: entry for _, files in reports for rel, entry in files.items()})
+
+
 def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     """One repeat of the sharded format: sprite's sealed DCP save and verified load, and the per-rank baseline."""
     import torch
@@ -73,21 +94,18 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     import torch.distributed.checkpoint as dcp
 
     from sprite import integrity
-    from sprite.parity.ckpt_saving import _gather, _own_files
 
     folder, plain = root / f"dcp{repeat}", root / f"plain{repeat}"
     local = {key: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in part.items()}
              for key, part in (("model", state["model"]), ("optim", _flat(state["optim"])))}
+    world = dist.get_world_size()
 
     def sprite_save():
         if rank == 0:
-            integrity.make_dir_new(folder)
+            folder.mkdir()
         dist.barrier()
         dcp.save(state, checkpoint_id=folder)
-        names = _own_files(folder, rank)
-        described = _gather(integrity.describe(folder, names))
-        if rank == 0:
-            integrity.seal(folder, {"bench": True}, {k: v for part in described for k, v in part.items()})
+        _seal(folder, rank, world)
 
     def plain_save():
         if rank == 0:
@@ -95,7 +113,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         dist.barrier()
         torch.save(local, plain / f"rank{rank}.pt")
 
-    def sprite_load():  # as ckpt-check's ranks do: each verifies the folder, then the load
+    def sprite_load():  # as ckpt-check's ranks and `sprite run --resume` do: verify, then load
         assert integrity.verify(folder).valid, "the sealed folder does not verify"
         dcp.load(state, checkpoint_id=folder)
 
@@ -114,17 +132,18 @@ def _flat(optim: dict) -> dict:
 
 
 def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
-    """One repeat of the full-state format on rank 0: sealed write-once file and verified load, and the baseline."""
+    """One repeat of the full-state format on rank 0: sprite's hashed write and seal, verified load; the baseline."""
     import torch
 
     from sprite import integrity
-    from sprite.parity.ckpt_saving import load_verified, save_hashed
+    from sprite.runtime.hashed_save import atomic_save
 
     path, plain = root / f"full{repeat}.ckpt", root / f"full{repeat}.plain.ckpt"
 
-    def sprite_save():  # as WriteOnceCheckpointIO + save_sealed: hashed while written, then sealed
+    def sprite_save():  # Lightning's TorchCheckpointIO write under sprite's runtime, then the seal
         if rank == 0:
-            integrity.seal(path, {"bench": True}, save_hashed(state, path))
+            atomic_save(state, path)
+            _seal(path, rank, 1)
 
     def plain_save():
         if rank == 0:
@@ -132,7 +151,8 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
 
     def sprite_load():
         if rank == 0:
-            load_verified(path)
+            assert integrity.verify(path).valid, "the sealed file does not verify"
+            torch.load(path, weights_only=True)
 
     def plain_load():
         if rank == 0:

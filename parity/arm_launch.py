@@ -10,6 +10,7 @@ import os
 import pathlib
 import subprocess
 
+from sprite import owner_only
 from sprite.parity.settings import DISTRIBUTED_ARMS, Settings
 
 
@@ -46,12 +47,12 @@ def launch(flags: dict, log: pathlib.Path, limit: float | None = None, cancel=No
     from sprite.plan import plan_run
 
     plan = plan_run(flags)
-    log.parent.mkdir(parents=True, exist_ok=True)
+    owner_only.make_dirs(log.parent)
     try:
         return run_plan(plan, log_path=log, timeout=limit, cancel=cancel)
     except subprocess.TimeoutExpired:
-        with open(log, "a") as handle:
-            handle.write(f"sprite: stopped: still running after the time limit of {limit:g} s\n")
+        with owner_only.open_log(log) as handle:
+            handle.write(f"sprite: stopped: still running after the time limit of {limit:g} s\n".encode())
         return None
 
 

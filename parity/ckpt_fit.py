@@ -12,14 +12,14 @@ from lightning.pytorch.callbacks import Callback
 from sprite import integrity
 from sprite.errors import UsageError
 from sprite.parity.ckpt_module import CkptModule, FitPlan
-from sprite.parity.ckpt_saving import WriteOnceCheckpointIO, save_sealed
+from sprite.parity.ckpt_saving import save_sealed
 from sprite.parity.ckpt_settings import CkptSettings
 from sprite.parity.store import ResultError
 from sprite.parity.strategies import under_sprite_runtime
 
 
 class EpochEndSaves(Callback):
-    """Saves the plan's epoch-1 checkpoints and its final one, each into a new name, sealed."""
+    """Saves the plan's epoch-1 checkpoints and its final one, each into a new name, sealed (see ckpt_saving)."""
 
     def __init__(self, plan: FitPlan, settings: CkptSettings):
         self.plan, self.settings = plan, settings
@@ -35,12 +35,9 @@ class EpochEndSaves(Callback):
                 # model_parallel.py:94); setting it per save lets one FSDP2 state be written in both formats.
                 trainer.strategy._save_distributed_checkpoint = sharded
             module._saving = rel
-            meta = {"result": self.plan.target, "epoch": epoch, "global_step": trainer.global_step,
-                    "world": trainer.world_size}
-            save_sealed(trainer, self.plan.out / rel, meta)
+            manifest_sha256 = save_sealed(trainer, self.plan.out / rel)
             if trainer.global_rank == 0:
-                manifest = integrity.manifest_path(self.plan.out / rel)
-                module.saves[rel]["manifest_sha256"] = integrity.sha256_file(manifest)
+                module.saves[rel]["manifest_sha256"] = manifest_sha256
 
 
 def verified(plan: FitPlan) -> dict:
@@ -82,6 +79,6 @@ def fit(settings: CkptSettings, plan: FitPlan, strategy: str) -> None:
         **kwargs, max_epochs=settings.epochs + int(plan.stop_at_start), use_distributed_sampler=False,
         gradient_clip_val=settings.clip, gradient_clip_algorithm="norm", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        plugins=[WriteOnceCheckpointIO()], callbacks=[EpochEndSaves(plan, settings)],
+        callbacks=[EpochEndSaves(plan, settings)],
     )
     trainer.fit(module, ckpt_path=str(plan.out / plan.load) if plan.load else None)

@@ -33,20 +33,22 @@ class Classifier(nn.Module):
         return self.head(hidden[:, -1, :])
 
 
-def _backbone(model: str) -> nn.Module:
-    """Builds the frozen decoder for a preset name or a local checkpoint directory.
+def backbone(model: str, attention: str | None = None) -> nn.Module:
+    """Builds the decoder for a preset name or a local checkpoint directory, with Hugging Face attention
+    ``attention``; None means parity's choice: "eager" for presets, the checkpoint's own for a directory.
 
     Raises UsageError when ``model`` is neither a preset nor a directory holding a Hugging Face config.
     """
     from transformers import Qwen2Config, Qwen2Model
 
     if model in PRESETS:
-        config = Qwen2Config(**PRESETS[model], attn_implementation="eager")
+        config = Qwen2Config(**PRESETS[model], attn_implementation=attention or "eager")
         return Qwen2Model(config)
     if os.path.isfile(os.path.join(model, "config.json")):
         from transformers import AutoModel
 
-        return AutoModel.from_pretrained(model, local_files_only=True, torch_dtype=torch.float32)
+        chosen = {"attn_implementation": attention} if attention else {}
+        return AutoModel.from_pretrained(model, local_files_only=True, torch_dtype=torch.float32, **chosen)
     raise UsageError(
         f"--model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint directory.",
         "A hub id was given, or the path has no config.json.",
@@ -54,27 +56,33 @@ def _backbone(model: str) -> nn.Module:
     )
 
 
-def build_model(settings: Settings) -> Classifier:
-    """Builds the seeded model: frozen backbone, LoRA on q/k/v/o, lora_B ~ N(0, 0.01) from seed 1, a head.
-
-    Raises UsageError for an unknown model (see ``_backbone``).
-    """
+def add_lora(decoder: nn.Module) -> nn.Module:
+    """Freezes ``decoder`` and wraps it in the recipe's peft LoRA (r=8, alpha=16 on q/k/v/o), lora_B ~ N(0, 0.01)
+    drawn from seed 1."""
     from peft import LoraConfig, get_peft_model
 
-    torch.manual_seed(settings.seed)
-    backbone = _backbone(settings.model)
-    for param in backbone.parameters():
+    for param in decoder.parameters():
         param.requires_grad_(False)
     lora = LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=list(LORA_TARGETS), lora_dropout=0.0)
-    backbone = get_peft_model(backbone, lora)
+    decoder = get_peft_model(decoder, lora)
     draw = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for name, param in backbone.named_parameters():
+        for name, param in decoder.named_parameters():
             if "lora_B" in name:
                 # peft starts lora_B at zero, which makes every step-0 lora_A gradient exactly zero.
                 param.copy_(torch.randn(param.shape, generator=draw) * 0.01)
+    return decoder
+
+
+def build_model(settings: Settings) -> Classifier:
+    """Builds the seeded model: frozen backbone, LoRA on q/k/v/o, lora_B ~ N(0, 0.01) from seed 1, a head.
+
+    Raises UsageError for an unknown model (see ``backbone``).
+    """
+    torch.manual_seed(settings.seed)
+    decoder = add_lora(backbone(settings.model))
     torch.manual_seed(settings.seed + 2)
-    model = Classifier(backbone, backbone.config.hidden_size)
+    model = Classifier(decoder, decoder.config.hidden_size)
     return model.float()
 
 

@@ -9,14 +9,16 @@ import pathlib
 from rich.console import Console
 from rich.table import Table
 
+from sprite import integrity
 from sprite.parity.store import clean
 
 
 def write_json(path: pathlib.Path, report: dict) -> None:
-    """Writes ``report`` as strict JSON (non-finite numbers become null), replacing any earlier report."""
+    """Writes ``report`` as strict JSON (non-finite numbers become null), replacing any earlier report; the file
+    is created 0600 under a temporary name first. Raises IntegrityError if that temporary name exists."""
     text = json.dumps(clean(report), indent=1, sort_keys=True, allow_nan=False)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(text)
+    integrity.write_new(tmp, text.encode())
     os.replace(tmp, path)
 
 

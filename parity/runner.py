@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
 
+from sprite import owner_only
 from sprite.errors import UsageError
 from sprite.parity import faults
 from sprite.parity.arm_launch import launch_arm
@@ -31,7 +32,7 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
         raise UsageError(f"--out {out} is not empty; refusing to run into it.",
                          "It holds an earlier run (arms never overwrite results).",
                          f"Pass a fresh directory, or recompute the old verdict with `sprite parity compare {out}`.")
-    out.mkdir(parents=True, exist_ok=True)
+    owner_only.make_dirs(out)  # 0700: results and logs inside are for their owner only
     write_new(out / "run.json", settings.to_json().encode())
 
 

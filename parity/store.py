@@ -1,13 +1,13 @@
 """Arm results on disk: one namespace per arm, never overwritten, sealed by a manifest of sha256 digests.
 
 Layout of an arm directory: ``rank<r>.json`` (numbers and digests recorded by rank r), ``tensors.npz``
-(rank 0's full tensors) and ``manifest.json`` (written last by rank 0; an arm without it is incomplete).
-Paths inside are relative, so a copied run directory compares the same. No torch here.
+(rank 0's full tensors) and ``sprite-manifest.json`` (``sprite.integrity``'s seal, written last by rank 0; an arm
+without it is incomplete). Every file is created once, 0600. Paths inside are relative, so a copied run directory
+compares the same. No torch here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -16,9 +16,9 @@ import pathlib
 
 import numpy as np
 
+from sprite import integrity, owner_only
 from sprite.errors import SpriteError
 
-MANIFEST = "manifest.json"
 TENSORS = "tensors.npz"
 
 
@@ -38,14 +38,13 @@ def clean(value):
 
 
 def write_new(path: pathlib.Path, data: bytes) -> None:
-    """Writes ``data`` to a file that must not exist yet.
+    """Writes ``data`` to a new 0600 file through ``sprite.integrity`` (never over a file, never via a symlink).
 
-    Raises ResultError if the file exists: an arm never overwrites a result, partial or complete.
+    Raises ResultError if the name exists: an arm never overwrites a result, partial or complete.
     """
     try:
-        with open(path, "xb") as handle:
-            handle.write(data)
-    except FileExistsError:
+        integrity.write_new(path, data)
+    except integrity.IntegrityError:
         _refuse(path)
 
 
@@ -57,12 +56,16 @@ def _refuse(path: pathlib.Path) -> None:
     )
 
 
+def _names(world: int) -> list[str]:
+    return [f"rank{rank}.json" for rank in range(world)] + [TENSORS]
+
+
 def claim(arm_dir: pathlib.Path, rank: int) -> None:
     """Checks, before any training, that this rank's files do not exist yet. Raises ResultError if they do."""
-    arm_dir.mkdir(parents=True, exist_ok=True)
-    for name in (f"rank{rank}.json", MANIFEST, TENSORS if rank == 0 else None):
-        if name and (arm_dir / name).exists():
-            _refuse(arm_dir / name)
+    owner_only.make_dirs(arm_dir)  # 0700, parents too
+    for path in (arm_dir / f"rank{rank}.json", integrity.manifest_path(arm_dir), arm_dir / TENSORS if rank == 0 else None):
+        if path and os.path.lexists(path):
+            _refuse(path)
 
 
 def write_rank(arm_dir: pathlib.Path, rank: int, record: dict) -> None:
@@ -79,40 +82,38 @@ def write_tensors(arm_dir: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def seal(arm_dir: pathlib.Path, world: int) -> None:
-    """Writes the manifest (sha256 of every result file) once all ranks wrote theirs. Raises ResultError."""
-    names = [f"rank{rank}.json" for rank in range(world)] + [TENSORS]
-    files = {name: _sha256(arm_dir / name) for name in names}
-    write_new(arm_dir / MANIFEST, json.dumps({"world": world, "files": files}, indent=1).encode())
-
-
-def _sha256(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """Seals the arm (size and sha256 of every result file) once all ranks wrote theirs. Raises ResultError."""
+    try:
+        integrity.seal(arm_dir, {"world": world}, integrity.describe(arm_dir, _names(world)))
+    except (integrity.IntegrityError, FileNotFoundError) as err:
+        raise ResultError(f"Cannot seal arm result {arm_dir}: {err}", "A rank did not write its record, or the"
+                          " arm ran twice into one directory.", "Run the check again into a fresh --out.") from None
 
 
 def load_arm(arm_dir: pathlib.Path) -> dict:
     """Loads a sealed arm: ``{"ranks": [record, ...], "tensors": {key: array}}``.
 
-    Raises ResultError when the manifest is missing or unreadable, or a file is missing or differs from the
-    digest recorded when the arm finished.
+    Raises ResultError when the manifest is missing or unreadable, or a file is missing, unlisted or differs from
+    the size and digest recorded when the arm finished.
     """
     label = os.fspath(arm_dir)
-    try:
-        manifest = json.loads((arm_dir / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
+    verdict = integrity.verify(arm_dir)
+    if verdict.manifest is None:
         raise ResultError(
-            f"Arm result {label} has no readable {MANIFEST} ({err.__class__.__name__}).",
+            f"Arm result {label} has no readable manifest ({verdict.reason}).",
             "The arm did not finish (it failed, was killed, or is still running) or the file was damaged.",
             "Look at the arm's log under logs/, then run the check again into a fresh --out directory.",
-        ) from None
-    for name, digest in manifest["files"].items():
-        path = arm_dir / name
-        if not path.is_file() or _sha256(path) != digest:
-            raise ResultError(
-                f"Arm result {label}/{name} is missing or does not match the sha256 recorded when the arm finished.",
-                "The file was edited, truncated or replaced after the run.",
-                "Restore the original file or run the check again into a fresh --out directory.",
-            )
-    ranks = [json.loads((arm_dir / f"rank{rank}.json").read_text()) for rank in range(manifest["world"])]
+        )
+    if not verdict.valid:
+        name = next((n for n in sorted(verdict.manifest["files"]) if f": {n} " in verdict.reason), "a file")
+        raise ResultError(
+            f"Arm result {label}/{name} is missing or does not match the sha256 recorded when the arm finished"
+            f" ({verdict.reason}).",
+            "The file was edited, truncated or replaced after the run.",
+            "Restore the original file or run the check again into a fresh --out directory.",
+        )
+    world = verdict.manifest["meta"]["world"]
+    ranks = [json.loads((arm_dir / f"rank{rank}.json").read_text()) for rank in range(world)]
     with np.load(arm_dir / TENSORS, allow_pickle=False) as archive:
         tensors = {key: archive[key] for key in archive.files}
     return {"ranks": ranks, "tensors": tensors}

@@ -24,6 +24,7 @@ Examples:
   sprite run --devices 2 examples/train.py --max-steps 20     # 2 ranks on this machine
   sprite run --nodes 2 --strategy fsdp --site aurora train.py # inside a PBS job on Aurora
   sprite run --dry-run --json --devices 2 train.py            # print the plan, run nothing
+  sprite run --secret WANDB_API_KEY --devices 2 train.py      # a secret from this shell, never in argv
 """
 
 
@@ -42,14 +43,33 @@ def run(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="auto|mpiexec|srun|torchrun|local"),
     mpi: Optional[str] = typer.Option(None, "--mpi", help="mpiexec flavour: auto|pals|hydra|openmpi"),
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
-    env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for every rank (repeatable)"),
+    env: Optional[List[str]] = typer.Option(
+        None, "--env", help="NAME: pass this shell's NAME to every rank; NAME=VALUE: set it (repeatable). A value "
+        "on the command line can be read by every user of this machine (process table, shell history): prefer NAME"),
+    secret: Optional[List[str]] = typer.Option(
+        None, "--secret", help="NAME: a secret from this shell's environment, printed masked (repeatable)"),
+    allow_literal_secrets: bool = typer.Option(
+        False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
     master_port: Optional[str] = typer.Option(None, "--master-port", help="rendezvous port; default: from the job id"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="new folder for this run's audit, heartbeats and "
+                                          "logs; default: a new one under ./sprite-runs/"),
+    stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", help="stop the run (exit 124) when no rank "
+                                                "advances for SECONDS"),
+    first_step_timeout: Optional[str] = typer.Option(None, "--first-step-timeout", help="allowance from launch to "
+                                                     "the end of the first step; default 10x --stall-timeout"),
+    save_timeout: Optional[str] = typer.Option(None, "--save-timeout", help="allowance for a checkpoint save; "
+                                               "default 2x --stall-timeout"),
+    retries: Optional[str] = typer.Option(None, "--retries", help="relaunch up to N times after a failure"),
+    spare_nodes: Optional[str] = typer.Option(None, "--spare-nodes", help="keep K allocated nodes out of the first "
+                                              "launch, to replace a failed node"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
+                                         " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
     strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
-) -> None:
-    from sprite import execute, plan
+) -> int:
+    from sprite.recovery import entry
 
     if script and script.startswith("-"):  # unknown options land here (sprite's options end at SCRIPT)
         raise UsageError(f"sprite run has no option {script}.", "sprite's options come before SCRIPT.",
@@ -63,13 +83,17 @@ def run(
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
         "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
+        "pass_env": _env_names(env), "secrets": list(secret) if secret else None,
+        "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None),
+        "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
+        "retries": retries, "spare_nodes": spare_nodes,
     }
-    launch = plan.plan_run(flags, spec_file=spec)
+    run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
-        return
-    execute.exec_plan(launch)
+        return 0
+    return entry.run_all(run_state, launch)
 
 
 @app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"
@@ -89,21 +113,29 @@ def _commas(values: Optional[List[str]]) -> Optional[list]:
 
 
 def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
-    if not values:
-        return None
+    """The ``--env NAME=VALUE`` options as a mapping (``--env NAME`` ones are ``_env_names``)."""
     pairs = {}
-    for value in values:
+    for value in values or ():
         name, sep, val = value.partition("=")
-        if not sep or not name:
-            raise UsageError(f"Option --env {value!r} is not NAME=VALUE.", "", "Write it as --env NAME=VALUE.")
-        pairs[name] = val
-    return pairs
+        if sep and not name:
+            raise UsageError("An --env option has a value but no NAME.", "",
+                             "Write it as --env NAME or --env NAME=VALUE.")
+        if sep:
+            pairs[name] = val
+    return pairs or None
+
+
+def _env_names(values: Optional[List[str]]) -> Optional[list]:
+    names = [value for value in values or () if "=" not in value]
+    return names or None
 
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite import cli_runs
     from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
+    from sprite.parity.bench_cli import app as bench_app
     from sprite.parity.ckpt_cli import app as ckpt_check_app
     from sprite.parity.cli import app as parity_app
 
@@ -111,6 +143,8 @@ def _mount_subcommands() -> None:
     app.add_typer(parity_app, name="parity")
     app.add_typer(ckpt_check_app, name="ckpt-check")
     app.add_typer(ckpt_app, name="ckpt")
+    cli_runs.register(app)
+    app.add_typer(bench_app, name="bench")
 
 
 _mount_subcommands()

@@ -15,7 +15,9 @@ SUBMIT_HELP = """Write a {kind} job script for SPEC and submit it with {cmd}; pr
 
 SPEC is a job spec YAML (or the name of a shipped example such as {example}); its scheduler: block
 gives account, queue, walltime and the rest, over the site profile's defaults. The script runs
-`sprite run` with the spec, so the launch inside the job is the plan of sprite run.
+`sprite run` with the spec, so the launch inside the job is the plan of sprite run. Secrets
+(secrets: names, or names such as *_TOKEN) are taken from this shell's environment at submission
+and never written; the script is created readable by you only.
 
 \b
 Examples:
@@ -33,10 +35,10 @@ def _job_id(value: str) -> str:
     return value
 
 
-def _submit(spec_name: str, scheduler: Scheduler, dry_run: bool) -> None:
+def _submit(spec_name: str, scheduler: Scheduler, dry_run: bool, allow_literal_secrets: bool = False) -> None:
     from sprite import submit
 
-    prepared = submit.prepare(spec_name, scheduler.name)
+    prepared = submit.prepare(spec_name, scheduler.name, allow_literal_secrets=allow_literal_secrets)
     if dry_run:
         typer.echo(prepared.text, nl=False)
         return
@@ -52,8 +54,12 @@ def _register_submit(app: typer.Typer, scheduler: Scheduler) -> None:
     @app.command(scheduler.submit_program, help=help_text)
     def submit_command(spec: str = typer.Argument(..., help="job spec YAML or a shipped example name"),
                        dry_run: bool = typer.Option(False, "--dry-run",
-                                                    help="print the job script instead of submitting")):
-        _submit(spec, scheduler, dry_run)
+                                                    help="print the job script instead of submitting"),
+                       allow_literal_secrets: bool = typer.Option(
+                           False, "--allow-literal-secrets",
+                           help="accept a literal value for a secret in the spec (passed through the submit "
+                                "command's environment, never written into the script)")):
+        _submit(spec, scheduler, dry_run, allow_literal_secrets)
 
 
 def register(app: typer.Typer) -> None:

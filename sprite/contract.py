@@ -18,6 +18,14 @@ JOB_ID = "SPRITE_JOB_ID"  # scheduler job id, empty for local runs
 SITE = "SPRITE_SITE"  # name of the site profile the plan was built from
 CHECKS = "SPRITE_CHECKS"  # one of CHECK_MODES: the fit-start contract checks warn, are off, or are errors
 
+# Per-run options the runtime reads whether or not the world variables above are set.
+RESUME = "SPRITE_RESUME"  # never | auto | a checkpoint path (Trainer.fit's ckpt_path)
+RUN_DIR = "SPRITE_RUN_DIR"  # the run folder (audit.jsonl, heartbeat/, run.json), on a file system every node sees;
+# unset: no audit records and no heartbeat from the ranks
+RESUME_MODES = ("never", "auto")  # or a path
+ATTEMPT = "SPRITE_ATTEMPT"  # 1 for the first launch of a run, 2 for its first relaunch, ...
+HEARTBEAT_SECONDS = "SPRITE_HEARTBEAT_SECONDS"  # the most often a rank rewrites its heartbeat within one phase
+
 ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS)
 
 # Values both halves accept for SPRITE_ACCELERATOR and SPRITE_STRATEGY ("auto": decide inside the rank).

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from sprite import allocation, contract, sites, world
+from sprite import allocation, contract, secret_env, sites, world
 
 
 def count_devices() -> tuple[str, int]:
@@ -31,11 +31,18 @@ def count_devices() -> tuple[str, int]:
 
 
 def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ) -> dict:
-    """A summary of scheduler, hosts, ranks per node, devices and backend. Raises UsageError for a bad site."""
+    """A summary of scheduler, hosts, ranks per node, devices, backend, the site's rank environment (secrets
+    masked) and the names of this environment's variables the site's patterns make secrets (values never shown).
+    Raises UsageError for a bad site."""
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     site = sites.load(site_name or environ.get("SPRITE_SITE") or "local")
     device, count = count_devices()
     accelerator = site.job.get("accelerator", "auto")
+    site_env = site.job.get("env", {})
+
+    def is_secret(name: str) -> bool:
+        return secret_env.is_secret(name, site.job.get("secrets", ()), site.secret_patterns)
+
     kind = device if accelerator == "auto" else accelerator
     return {
         "scheduler": alloc.scheduler,
@@ -51,6 +58,8 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
         "backend": contract.BACKENDS.get(kind, "gloo"),
         "mpiexec": shutil.which("mpiexec"),
         "srun": shutil.which("srun"),
+        "env": secret_env.mask(site_env, [n for n in site_env if is_secret(n)]),
+        "secrets_here": sorted(n for n in environ if is_secret(n)),
     }
 
 
@@ -69,5 +78,7 @@ def describe(info: dict) -> str:
         ("accelerator", f"{info['accelerator']} (backend {info['backend']})"),
         ("mpiexec", info["mpiexec"] or "not found"),
         ("srun", info["srun"] or "not found"),
+        ("site env", " ".join(f"{k}={v}" for k, v in info["env"].items()) or "none"),
+        ("secret vars", ", ".join(info["secrets_here"]) or "none"),
     ]
     return "\n".join(f"{name:<13}{value}" for name, value in rows)

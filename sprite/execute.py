@@ -1,4 +1,7 @@
-"""Effects at the edge: carry out a LaunchPlan, by replacing this process or as a child process."""
+"""Effects at the edge: find a LaunchPlan's launcher program and run the plan as a child process.
+
+`sprite run` runs its attempts through ``sprite.recovery.child``; the parity harness through ``run_plan``.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from sprite import owner_only
 from sprite.errors import UsageError
 from sprite.plan import LaunchPlan
 
@@ -41,15 +45,10 @@ def resolve_program(plan: LaunchPlan) -> str:
     return found
 
 
-def exec_plan(plan: LaunchPlan) -> None:
-    """Replace this process with the plan's launcher, so signals and the exit code pass straight through."""
-    program = resolve_program(plan)
-    os.execve(program, plan.argv, _environment(plan))
-
-
 def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: float | None = None,
              cancel: threading.Event | None = None) -> int:
-    """Run the plan as a child process and return its exit code; output goes to ``log_path`` if given.
+    """Run the plan as a child process and return its exit code; output goes to ``log_path`` if given (appended;
+    created 0600).
 
     The launcher starts in a session of its own. If ``timeout`` passes, ``cancel`` is set, or this thread is
     interrupted, the launcher's process group gets SIGTERM (sprite's supervisor and mpiexec pass it to the
@@ -62,7 +61,7 @@ def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: floa
 
     program = resolve_program(plan)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with open(log_path, "ab") if log_path is not None else contextlib.nullcontext() as log:
+    with owner_only.open_log(log_path) if log_path is not None else contextlib.nullcontext() as log:
         proc = subprocess.Popen([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, stdout=log,
                                 stderr=subprocess.STDOUT if log else None, start_new_session=True)
         try:

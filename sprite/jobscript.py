@@ -4,6 +4,9 @@ The template is package data (``sprite.launch_templates/job.sh.tmpl``) filled wi
 Directives come from the scheduler module (directive-safe tokens only); every word of the body goes through
 ``shlex.quote``. The job runs ``python -m sprite run`` with the fields written in the spec file and the site
 named with ``--site``, so the launch inside the job is the plan of ``sprite run`` with the same site defaults.
+Environment values never appear on that line: the spec's values are exported by the script (``export NAME=...``,
+secrets excepted) and the line names the variables (``--env NAME``, ``--secret NAME``); a secret's value is never
+written, the job takes it from the submitting environment (``Scheduler.pass_env_directives``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import string
 from importlib import resources
 from pathlib import Path
 
-from sprite import schedulers, values, world
+from sprite import schedulers, secret_env, values, world
 from sprite.errors import UsageError
 from sprite.scheduler_block import SchedulerBlock
 from sprite.sites import SiteProfile
@@ -49,17 +52,34 @@ def site_argument(site: SiteProfile) -> str:
 
 
 def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec) -> list[str]:
-    """``python -m sprite run --site S [flags written in the spec] SCRIPT ARGS...`` as a list of words."""
+    """``python -m sprite run --site S [flags written in the spec] SCRIPT ARGS...`` as a list of words.
+
+    Variables are named, never given values: ``--secret NAME`` for a secret, ``--env NAME`` for the others.
+    """
     argv = [python, "-m", "sprite", "run", "--site", site_argument(site)]
     for key in VALUE_FLAGS:
         if key in file_layer:
             argv += ["--" + key.replace("_", "-"), str(file_layer[key])]
-    for name, value in file_layer.get("env", {}).items():
-        argv += ["--env", f"{name}={value}"]
+    secret = secret_env.names(job, site)
+    for name in dict.fromkeys((*file_layer.get("env", {}), *job.pass_env, *job.secrets)):
+        argv += ["--secret" if name in secret else "--env", name]
     if file_layer.get("exclude"):
         argv += ["--exclude", ",".join(file_layer["exclude"])]
     argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(file_layer.get("checks", "on"), [])
     return argv + [job.script or "", *job.args]
+
+
+def exports(file_layer: dict, secret) -> list[str]:
+    """``export NAME=VALUE`` lines for the spec's variables that are not secrets (values shell-quoted).
+
+    Raises UsageError for a value holding a control character, or a name bash cannot export (``é``).
+    """
+    for name in file_layer.get("env", {}):
+        if not values.ENV_NAME.fullmatch(name):
+            raise UsageError(f"env.{name} cannot be exported by a job script.", "bash accepts ASCII letters, digits "
+                             "and _ in variable names only.", "Rename the variable.")
+    return [f"export {name}={quote_words(f'env.{name}', [value])}"
+            for name, value in file_layer.get("env", {}).items() if name not in secret]
 
 
 def ranks_per_node(job: JobSpec, site: SiteProfile) -> int:
@@ -67,18 +87,21 @@ def ranks_per_node(job: JobSpec, site: SiteProfile) -> int:
     return world.ranks_per_node(job.devices, site)
 
 
-def render(block: SchedulerBlock, argv: list[str], devices: int, spec_path: str, workdir: str) -> str:
+def render(block: SchedulerBlock, argv: list[str], devices: int, spec_path: str, workdir: str,
+           export_lines: tuple = ()) -> str:
     """The whole job script. Raises UsageError for a value that cannot be written safely."""
     scheduler = schedulers.get(block.kind)
     setup = [quote_words("scheduler.setup", words) for words in block.setup]
+    setup = ("\n".join(setup) if setup else "# (no setup lines in the spec)") + "".join(
+        "\n" + line for line in export_lines)
     template = string.Template((resources.files("sprite.launch_templates") / TEMPLATE).read_text())
     return template.substitute(
-        directives="\n".join(scheduler.directives(block, devices)),
+        directives="\n".join(scheduler.directives(block, devices) + scheduler.pass_env_directives(block.pass_env)),
         submit_program=scheduler.submit_program,
         launcher=scheduler.auto_launcher,
         scheduler=scheduler.label,
         spec=shlex.quote(check_text("spec path", spec_path)),
         workdir=shlex.quote(check_text("working directory", workdir)),
-        setup="\n".join(setup) if setup else "# (no setup lines in the spec)",
+        setup=setup,
         launch="\n".join(scheduler.launch_lines(block, quote_words("launch command", argv))),
     )

@@ -60,6 +60,7 @@ class SchedulerBlock:
     gpus_per_node: int | None = None
     cpus_per_task: int | None = None
     options: dict = field(default_factory=dict)  # keys of a batch system that has no field here (a new one's)
+    pass_env: tuple = ()  # variables the job takes from the submitting environment (secrets among them)
 
 
 def check_block(doc: YamlDoc, section: tuple, kind: str | None, site: bool = False) -> dict:

@@ -1,7 +1,8 @@
 """Site profiles: what sprite knows about a machine, as data in conf/<name>.yaml (never hostname checks).
 
-A profile says which scheduler and MPI flavour the site has, how ranks bind to cores, and the job defaults
-(accelerator, ranks per node, launcher, environment) under ``job:``.
+A profile says which scheduler and MPI flavour the site has, how ranks bind to cores, the job defaults
+(accelerator, ranks per node, launcher, environment) under ``job:``, and which variable names are secrets
+(``secret_patterns:``, shell-style; default ``secret_env.DEFAULT_PATTERNS``).
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from sprite import scheduler_block, schedulers
+from sprite import scheduler_block, schedulers, secret_env
 from sprite import spec as specmod
-from sprite import yamldoc
+from sprite import values, yamldoc
 from sprite.errors import UsageError
 
 PROFILE_KEYS = (
     "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "job", "submit", "queues",
+    "secret_patterns",
 )
 
 
@@ -34,6 +36,7 @@ class SiteProfile:
     job: dict = field(default_factory=dict)
     submit: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)
+    secret_patterns: tuple[str, ...] = secret_env.DEFAULT_PATTERNS
     source: str = ""
 
 
@@ -74,5 +77,7 @@ def load(name: str) -> SiteProfile:
     kind = kind if schedulers.get(kind).submit_program else None
     data["submit"] = scheduler_block.check_block(doc, ("submit",), kind, site=True)
     data["queues"] = scheduler_block.check_queues(doc)
+    if "secret_patterns" in data:
+        data["secret_patterns"] = values.string_list(data["secret_patterns"], doc.complainer(())("secret_patterns"))
     data.setdefault("name", Path(doc.source).stem)
     return SiteProfile(**data, source=doc.source)

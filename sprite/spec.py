@@ -39,10 +39,18 @@ class JobSpec:
     mpi: str = "auto"
     site: str = "local"
     env: dict = field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()  # names whose values come from the launching (or submitting) environment
+    secrets: tuple[str, ...] = ()  # names of secrets: values from that environment, masked when printed
     exclude: tuple[str, ...] = ()
     master_port: int | None = None
+    resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
     scheduler: dict = field(default_factory=dict)
     checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
+    stall_timeout: float | None = None  # seconds without progress that stop the run (exit 124); None: no watchdog
+    first_step_timeout: float | None = None  # the allowance from launch to the end of the first step
+    save_timeout: float | None = None  # the allowance for one checkpoint save
+    retries: int = 0  # relaunches after a failure
+    spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
 
 
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
@@ -52,8 +60,10 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": v.string, "args": v.string_list, "nodes": v.positive_int, "devices": v.positive_int,
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
-    "exclude": v.string_list, "master_port": v.port, "scheduler": v.mapping,
-    "checks": v.switch(contract.CHECK_MODES),
+    "pass_env": v.env_names, "secrets": v.env_names, "exclude": v.string_list, "master_port": v.port,
+    "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
+    "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
+    "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -74,11 +84,13 @@ def check_values(values: dict, complain_for: Callable[[str], Complain]) -> dict:
 def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     """Validated fields of a spec file (or of a profile's ``job:`` block, given ``section``).
 
-    Relative ``script`` paths resolve against the file's folder. Raises SpecError naming file, line and key.
+    Relative ``script`` and ``resume`` paths resolve against the file's folder. Raises SpecError naming file,
+    line and key.
     """
     checked = check_values(doc.mapping(section), doc.complainer(section))
-    if "script" in checked:
-        checked["script"] = str((Path(doc.source).parent / checked["script"]).resolve())
+    for key in ("script", "resume"):
+        if key in checked and (key == "script" or checked[key] not in contract.RESUME_MODES):
+            checked[key] = str((Path(doc.source).parent / checked[key]).resolve())
     return checked
 
 
@@ -87,19 +99,23 @@ def from_flags(flags: dict) -> dict:
     given = {key: value for key, value in flags.items() if value is not None}
 
     def complain_for(key: str) -> Complain:
-        flag = "--" + key.replace("_", "-")
+        flag = {"pass_env": "--env", "secrets": "--secret"}.get(key, "--" + key.replace("_", "-"))
         return lambda what, allowed="": UsageError(f"Option {flag}: {what}", "", f"Allowed: {allowed}." if allowed else "")
 
     return check_values(given, complain_for)
 
 
 def merge(*layers: dict) -> JobSpec:
-    """Build a JobSpec from validated layers, later layers winning; ``env`` and ``scheduler`` merge by key."""
+    """Build a JobSpec from validated layers, later layers winning; ``env`` and ``scheduler`` merge by key,
+    ``pass_env`` and ``secrets`` add up (a later layer never drops a secret an earlier one named)."""
     spec = JobSpec()
     for layer in layers:
         changes = dict(layer)
         for key in ("env", "scheduler"):
             if key in changes:
                 changes[key] = {**getattr(spec, key), **changes[key]}
+        for key in ("pass_env", "secrets"):
+            if key in changes:
+                changes[key] = tuple(dict.fromkeys((*getattr(spec, key), *changes[key])))
         spec = replace(spec, **changes)
     return spec

@@ -5,7 +5,8 @@
 Each rank gets RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (WORLD_SIZE and the rendezvous come from the
 plan's environment). Output lines are prefixed ``[rank N]``. When a rank fails, the others are stopped
 (SIGTERM, then SIGKILL after a grace period) and the supervisor exits with the failed rank's code.
-SIGINT/SIGTERM sent to the supervisor are forwarded to every rank.
+SIGINT/SIGTERM sent to the supervisor are forwarded to every rank, which are then stopped; SIGUSR1/SIGUSR2
+are passed on to every rank and the ranks keep running.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import threading
 import time
 from pathlib import Path
 
+from sprite import owner_only
+
 GRACE_SECONDS = 5.0
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -55,7 +59,7 @@ def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=_die_with_parent)
-    log = open(log_dir / f"rank{rank}.log", "ab") if log_dir else None
+    log = owner_only.open_log(log_dir / f"rank{rank}.log") if log_dir else None
     prefix = f"[rank {rank}] ".encode()
     pumps = [threading.Thread(target=_pump, args=(s, sink, prefix, log, lock), daemon=True)
              for s, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
@@ -86,9 +90,22 @@ def stop_all(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: fl
         proc.wait()
 
 
+def forward(procs: list[subprocess.Popen], sig: int) -> None:
+    """Send ``sig`` to every live rank process (not its group: a data loader worker has no handler for it)."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
 def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
-    """Wait until every rank exits 0 (return 0), one fails, or a signal arrives; return the exit code."""
+    """Wait until every rank exits 0 (return 0), one fails, or SIGINT/SIGTERM arrives; return the exit code.
+    SIGUSR1/SIGUSR2 (a scheduler's warning before preemption) are passed to every rank, which keep running."""
     while True:
+        while received and received[0] in PASSED_ON:
+            forward(procs, received.pop(0))
         if received:
             stop_all(procs, received[0])
             return 128 + received[0]
@@ -107,16 +124,17 @@ def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sprite.supervisor", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
-    parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log")
+    parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log (0600, in 0700 "
+                        "folders when sprite creates them)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.nproc < 1 or not cmd:
         parser.error("need --nproc >= 1 and a command after --")
     if args.log_dir:
-        args.log_dir.mkdir(parents=True, exist_ok=True)
+        owner_only.make_dirs(args.log_dir)
     received: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, *PASSED_ON):
         signal.signal(sig, lambda signum, frame: received.append(signum))
     if not shutil.which(cmd[0]):
         parser.error(f"cannot run {cmd[0]!r}: no such program on PATH")

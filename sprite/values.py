@@ -23,6 +23,7 @@ WALLTIME = re.compile(r"(\d{1,3}):([0-5]\d):([0-5]\d)")
 SIGNAL = re.compile(r"(?:SIG)?(USR1|USR2|TERM|INT|HUP|URG|CONT)@(\d{1,5})")
 PLACE = re.compile(r"(free|pack|scatter|vscatter|excl|shared|exclhost)(:(excl|shared|exclhost|group=[a-z]+))*")
 SHELL_SYNTAX = re.compile(r"[$`;&|<>(){}\\!*?\[\]~#]")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOKEN_ALLOWED = "letters, digits and _ . , : = @ % + / - (no spaces, quotes, $ or control characters)"
 
 
@@ -164,6 +165,23 @@ def positive_int(value: Any, complain: Complain) -> int:
     return int(value)
 
 
+def non_negative_int(value: Any, complain: Complain) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise complain(f"{value!r} is not a whole number.", "an integer of at least 0, e.g. 1")
+    return int(value)
+
+
+def duration(value: Any, complain: Complain) -> float:
+    """Seconds, a positive finite number (an int, a float or their text)."""
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or not 0 < number < float("inf"):
+        raise complain(f"{value!r} is not a positive number of seconds.", "seconds above 0, e.g. 600")
+    return number
+
+
 def port(value: Any, complain: Complain) -> int:
     number = positive_int(value, complain)
     if not 1024 <= number <= 65535:
@@ -196,6 +214,24 @@ def env(value: Any, complain: Complain) -> dict:
             raise complain(f"{name}={val!r} is not a scalar value.", "a string or number")
         out[name] = str(val).lower() if isinstance(val, bool) else str(val)
     return out
+
+
+def env_names(value: Any, complain: Complain) -> tuple[str, ...]:
+    """Environment variable names (``secrets:``, ``pass_env:``): a list or a comma-separated string."""
+    items = [part for part in value.split(",") if part] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise complain(f"{value!r} is not a list of variable names.", "a YAML list such as [HF_TOKEN, WANDB_API_KEY]")
+    for item in items:
+        if not ENV_NAME.fullmatch(item):
+            raise complain(f"{item!r} is not an environment variable name.", "ASCII letters, digits and _, "
+                           "not starting with a digit")
+    return tuple(dict.fromkeys(items))
+
+
+def resume(value: Any, complain: Complain) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise complain(f"{value!r} is not never, auto or a checkpoint path.", "never, auto, or a checkpoint path")
+    return value.strip()
 
 
 def mapping(value: Any, complain: Complain) -> dict:

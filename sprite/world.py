@@ -53,7 +53,14 @@ def _launcher(spec: JobSpec, alloc: Allocation) -> str:
 
 def _nodes(spec: JobSpec, alloc: Allocation, launcher: str) -> int:
     available = len(alloc.hosts)
-    nodes = spec.nodes or (available if launcher != "local" else 1)
+    nodes = spec.nodes or (available - spec.spare_nodes if launcher != "local" else 1)
+    if spec.spare_nodes and (nodes < 1 or nodes + spec.spare_nodes > available):
+        raise UsageError(
+            f"--spare-nodes {spec.spare_nodes} leaves {max(available - spec.spare_nodes, 0)} of the {available} "
+            f"allocated node(s) for a launch of {nodes}.",
+            "Spare nodes are hosts of the allocation kept out of the first launch.",
+            f"Use --spare-nodes {max(available - max(nodes, 1), 0)} or fewer, or ask the scheduler for more nodes.",
+        )
     if nodes > available:
         where = f"the {alloc.scheduler.upper()} allocation {alloc.job_id}" if alloc.job_id else "this machine"
         raise UsageError(

@@ -23,8 +23,9 @@ def exists_error(path, what: str) -> IntegrityError:
                           "Choose a new output name or move the old one away.")
 
 
-def write_new(path, data: bytes, mode: int = 0o600) -> None:
-    """Create ``path`` (it must not exist, not even as a symlink) with ``mode`` whatever the umask, write, fsync.
+def write_new(path, data: bytes, mode: int | None = 0o600) -> None:
+    """Create ``path`` (it must not exist, not even as a symlink) with ``mode`` whatever the umask (``None``: the
+    usual 0666 less the umask), write, fsync.
 
     Raises:
         IntegrityError: the path exists or is a symlink. OSError for any other failure (the partial file is
@@ -32,11 +33,12 @@ def write_new(path, data: bytes, mode: int = 0o600) -> None:
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, mode)
+        fd = os.open(path, flags, 0o666 if mode is None else mode)
     except FileExistsError:
         raise exists_error(path, "a file") from None
     try:
-        os.fchmod(fd, mode)  # the umask may have removed bits from ``mode``
+        if mode is not None:
+            os.fchmod(fd, mode)  # the umask may have removed bits from ``mode``
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]

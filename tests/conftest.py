@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# A working directory for `python -c` / `python -m` probes: run from the checkout's root, Python would put the
+# checkout's sprite/ first on sys.path, which lacks what installation maps in (sprite.parity, sprite.conf).
+OUTSIDE_CHECKOUT = str(Path(sys.executable).parent)
 LEAK_GUARDED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")
 SCHEDULER_VARS = ("PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
                   "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SPRITE_SITE")

@@ -146,29 +146,6 @@ def test_compare_never_writes_over_an_existing_report(tmp_path):
     assert result.exit_code == 2 and "exists already" in result.output and existing.read_text() == "mine"
 
 
-def test_a_file_checkpoint_is_hashed_while_written_and_verified_while_loaded(tmp_path):
-    import torch
-
-    from sprite import integrity
-    from sprite.parity.ckpt_saving import load_verified, save_hashed
-
-    path = tmp_path / "a.ckpt"
-    files = save_hashed({"w": torch.arange(1000.0)}, path)
-    assert files == integrity.describe(path) and oct(path.stat().st_mode & 0o777) == "0o600"
-    integrity.seal(path, {}, files)
-    assert torch.equal(load_verified(path)["w"], torch.arange(1000.0))
-    with pytest.raises(integrity.IntegrityError):
-        save_hashed({"other": 1}, path)
-    data = bytearray(path.read_bytes())
-    data[-100] ^= 0xFF
-    altered = tmp_path / "b" / "a.ckpt"
-    altered.parent.mkdir()
-    altered.write_bytes(bytes(data))
-    (tmp_path / "b" / "a.ckpt.sprite-manifest.json").write_bytes(integrity.manifest_path(path).read_bytes())
-    with pytest.raises(integrity.IntegrityError, match="SHA-256"):
-        load_verified(altered)
-
-
 def _step(index: int) -> dict:
     return {"global_step": index, "epoch": index, "batch_idx": 0, "rows": [index], "loss": 0.5, "lr": [0.1 / (1 + index)]}
 

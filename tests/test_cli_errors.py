@@ -68,7 +68,7 @@ def test_nodes_beyond_allocation(sprite_cmd, clean_env, tmp_path, example_script
     (["--dry-run", "--nodes", "two"], "Option --nodes: 'two' is not a whole number"),
     (["--dry-run", "--precision", "fp8"], "Option --precision: 'fp8' is not a valid choice"),
     (["--dry-run", "--site", "frontier"], "Unknown site 'frontier'"),
-    (["--dry-run", "--env", "NOEQUALS"], "is not NAME=VALUE"),
+    (["--dry-run", "--env", "=VALUE"], "has a value but no NAME"),
     (["--dry-run", "--exclude", "h1"], "--exclude needs a PBS or Slurm allocation"),
     (["--dry-run", "--master-port", "80"], "outside the unprivileged port range"),
 ])

@@ -6,7 +6,11 @@ import json
 import subprocess
 import sys
 from importlib import resources
+from pathlib import Path
 
+import pytest
+
+from conftest import OUTSIDE_CHECKOUT
 from sprite import sites
 
 
@@ -22,7 +26,8 @@ def test_planning_and_help_import_no_torch_or_lightning(clean_env, example_scrip
     probe = f"""
 import sys
 from sprite import cli
-for argv in (["--help"], ["run", "--help"], ["env", "--json"], ["run", "--dry-run", "--json", {example_script!r}]):
+for argv in (["--help"], ["run", "--help"], ["env", "--json"], ["run", "--dry-run", "--json", {example_script!r}],
+             ["bench", "--help"], ["bench", "compare", "--help"]):
     try:
         cli.main(argv)
     except SystemExit as exit:
@@ -30,7 +35,8 @@ for argv in (["--help"], ["run", "--help"], ["env", "--json"], ["run", "--dry-ru
 heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'torch', 'lightning', 'pytorch_lightning', 'transformers'}})
 sys.stderr.write("HEAVY=" + repr(heavy))
 """
-    result = subprocess.run([sys.executable, "-c", probe], env=clean_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", probe], env=clean_env, capture_output=True, text=True, timeout=60,
+                            cwd=OUTSIDE_CHECKOUT)
     assert result.returncode == 0, result.stderr
     assert result.stderr.endswith("HEAVY=[]"), result.stderr[-500:]
 
@@ -39,3 +45,12 @@ def test_sprite_env_reports_this_machine(sprite_cmd, clean_env):
     result = subprocess.run([*sprite_cmd, "env", "--json"], env=clean_env, capture_output=True, text=True, timeout=60)
     info = json.loads(result.stdout)
     assert info["scheduler"] == "none" and info["nodes"] == 1 and info["backend"] in ("gloo", "nccl", "xccl")
+
+
+def test_every_subpackage_of_sprite_is_installed():
+    """A plain `pip install .` carries only the packages pyproject.toml lists: a new subpackage must be listed."""
+    tomllib = pytest.importorskip("tomllib")
+    repo = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(repo).parts) for p in (repo / "sprite").rglob("__init__.py")}
+    assert on_disk <= listed, sorted(on_disk - listed)

@@ -18,6 +18,8 @@ from typer.testing import CliRunner
 
 from sprite.parity.cli import app
 
+from conftest import OUTSIDE_CHECKOUT
+
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -129,7 +131,7 @@ def test_compare_fails_clearly_on_a_corrupted_arm_result(fp32_2, tmp_path):
 def test_compare_fails_clearly_on_an_incomplete_arm(fp32_2, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(fp32_2[0], copy)
-    (copy / "fsdp" / "manifest.json").unlink()
+    (copy / "fsdp" / "sprite-manifest.json").unlink()
     code, text = invoke("compare", str(copy))
     assert code == 1 and "fsdp" in text and "manifest.json" in text
 
@@ -137,7 +139,7 @@ def test_compare_fails_clearly_on_an_incomplete_arm(fp32_2, tmp_path):
 def test_missing_fault_case_is_not_executed_and_fails(bf16_2, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(bf16_2[0], copy)
-    (copy / "fault_wrong-scale" / "fsdp" / "manifest.json").unlink()
+    (copy / "fault_wrong-scale" / "fsdp" / "sprite-manifest.json").unlink()
     code, _ = invoke("compare", str(copy))
     cases = _report(copy, "faults_report.json")["cases"]
     assert code == 1
@@ -146,10 +148,10 @@ def test_missing_fault_case_is_not_executed_and_fails(bf16_2, tmp_path):
 
 def test_rerun_into_a_used_directory_is_refused(fp32_2):
     out = fp32_2[0]
-    before = (out / "ddp" / "manifest.json").read_bytes()
+    before = (out / "ddp" / "sprite-manifest.json").read_bytes()
     code, text = invoke("--out", str(out), "--devices", "2")
     assert code == 2 and "not empty" in text
-    assert (out / "ddp" / "manifest.json").read_bytes() == before
+    assert (out / "ddp" / "sprite-manifest.json").read_bytes() == before
 
 
 def test_reports_are_strict_json(bf16_2):
@@ -172,7 +174,8 @@ def test_bad_usage_exits_2_before_running(args, words, tmp_path):
 
 def test_command_module_imports_nothing_heavy():
     probe = "import sys, sprite.parity.cli; print(sorted({'torch','lightning','transformers'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=OUTSIDE_CHECKOUT).stdout
     assert out.strip() == "[]"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sprite import integrity
 from sprite.parity import store
 from sprite.parity.arm_launch import arm_overrides
 from sprite.parity.settings import Settings
@@ -21,6 +22,11 @@ def test_sealed_arm_loads_and_is_nan_free(tmp_path):
     _sealed(tmp_path / "ref")
     arm = store.load_arm(tmp_path / "ref")
     assert arm["ranks"][0]["loss"] is None and arm["tensors"]["init/w"].tolist() == [1, 1, 1]
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "ref").iterdir()}
+    assert modes == {"rank0.json": 0o600, "tensors.npz": 0o600, "sprite-manifest.json": 0o600}
+    (tmp_path / "ref" / "stray.txt").write_text("")
+    with pytest.raises(store.ResultError, match="stray.txt is not listed"):
+        store.load_arm(tmp_path / "ref")
 
 
 def test_an_arm_refuses_to_overwrite_complete_or_partial_results(tmp_path):
@@ -41,7 +47,7 @@ def test_unsealed_or_edited_arm_is_rejected_with_a_clear_message(tmp_path):
     (tmp_path / "ref" / "rank0.json").write_text('{"steps": [], "loss": 0.5}')
     with pytest.raises(store.ResultError, match="rank0.json is missing or does not match the sha256"):
         store.load_arm(tmp_path / "ref")
-    (tmp_path / "ref" / "manifest.json").unlink()
+    integrity.manifest_path(tmp_path / "ref").unlink()
     with pytest.raises(store.ResultError, match="did not finish"):
         store.load_arm(tmp_path / "ref")
 

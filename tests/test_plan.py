@@ -12,6 +12,8 @@ from sprite import contract, rendezvous
 from sprite.plan import plan_run
 from sprite.errors import UsageError
 
+from conftest import OUTSIDE_CHECKOUT
+
 AURORA_HOSTS = ["x4000c0s0b0n0", "x4000c0s1b0n0"]
 PBS_JOB = "8505298.aurora-pbsadmin-0001"
 
@@ -91,7 +93,8 @@ def test_port_precedence_and_range(pbs_env, example_script):
 def test_derived_port_is_the_same_in_another_process():
     # Python's hash() is salted per process; the derivation must not be.
     code = "from sprite.rendezvous import port_from_job_id as p; print(p('123.pbs'))"
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=OUTSIDE_CHECKOUT)
     assert int(other.stdout) == rendezvous.port_from_job_id("123.pbs")
     assert rendezvous.port_from_job_id("123.pbs") != rendezvous.port_from_job_id("124.pbs")
 

@@ -23,7 +23,7 @@ json.dump(dict(os.environ), open(os.path.join(sys.argv[1], f"env{os.environ['RAN
 def fit(sprite_cmd, env, out: Path, *flags: str, steps: int = 4) -> subprocess.CompletedProcess:
     return subprocess.run([*sprite_cmd, "run", "--devices", "2", *flags, str(Path(__file__).parents[1] / "examples"
                            / "train.py"), "--max-steps", str(steps), "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=240)
+                          env=env, cwd=out, capture_output=True, text=True, timeout=240)
 
 
 def read_ranks(out: Path) -> list[dict]:
@@ -58,15 +58,18 @@ def test_mpiexec_hydra_two_rank_fit(sprite_cmd, clean_env, tmp_path):
 def test_ranks_see_every_variable_of_the_plan(sprite_cmd, clean_env, tmp_path):
     script = tmp_path / "dump.py"
     script.write_text(ENV_DUMP)
-    base = [*sprite_cmd, "run", "--devices", "2", "--env", "EXTRA_FLAG=1", str(script), str(tmp_path)]
+    base = [*sprite_cmd, "run", "--devices", "2", "--env", "EXTRA_FLAG=1", "--run-dir", str(tmp_path / "run"),
+            str(script), str(tmp_path)]
     plan = json.loads(subprocess.run([*base[:2], "--dry-run", "--json", *base[2:]], env=clean_env,
                                      capture_output=True, text=True, check=True).stdout)
+    assert not (tmp_path / "run").exists()  # a dry run creates no run folder
     subprocess.run(base, env={**clean_env, "MASTER_PORT": plan["env"]["MASTER_PORT"]}, check=True, timeout=60,
                    capture_output=True)
     for rank in range(2):
         seen = json.loads((tmp_path / f"env{rank}.json").read_text())
         assert {k: seen.get(k) for k in plan["env"]} == plan["env"]
         assert seen["RANK"] == seen["LOCAL_RANK"] == str(rank)
+        assert seen["SPRITE_RUN_DIR"] == str(tmp_path / "run") and seen["SPRITE_ATTEMPT"] == "1"
 
 
 def _children(pid: int) -> list[int]:
@@ -77,17 +80,19 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_killing_one_rank_ends_sprite_run_quickly(sprite_cmd, clean_env, tmp_path):
     proc = subprocess.Popen([*sprite_cmd, "run", "--devices", "2", str(Path(__file__).parents[1] / "examples" /
-                             "train.py"), "--max-steps", "1000000"], env=clean_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             "train.py"), "--max-steps", "1000000"], env=clean_env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
     deadline = time.monotonic() + 120
     while not any("[rank 1]" in line for line in lines) and time.monotonic() < deadline:
         time.sleep(0.2)
-    ranks = _children(proc.pid)  # sprite run exec'd the supervisor: its children are the ranks
+    supervisor = _children(proc.pid)  # sprite run is the parent of the supervisor, whose children are the ranks
+    assert len(supervisor) == 1, lines[-20:]
+    ranks = _children(supervisor[0])
     assert len(ranks) == 2, lines[-20:]
-    descendants = ranks + [c for r in ranks for c in _children(r)]
+    descendants = supervisor + ranks + [c for r in ranks for c in _children(r)]
     killed_at = time.monotonic()
     os.kill(ranks[1], signal.SIGKILL)
     proc.wait(timeout=30)

@@ -20,6 +20,8 @@ def on_term(signum, frame):
     open(os.path.join(out, f"term{rank}"), "w").write("1")
     sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
+for sig in (signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(sig, lambda signum, frame: open(os.path.join(out, f"sig{signum}-{rank}"), "w").close())
 print(f"hello from {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']}", flush=True)
 print(f"threads {os.environ['OMP_NUM_THREADS']}", flush=True)
 if rank == os.environ.get("FAIL_RANK"):
@@ -98,3 +100,15 @@ def test_signals_are_forwarded(tmp_path, sig):
     assert not any(alive(pid) for pid in pids)
     if sig == signal.SIGTERM:
         assert (tmp_path / "term0").exists() and (tmp_path / "term1").exists()
+
+
+def test_usr1_and_usr2_reach_every_rank_which_keeps_running(tmp_path):
+    proc = start(tmp_path, 2, SLEEP="3")
+    wait_for_pids(tmp_path, 2)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        proc.send_signal(sig)
+        time.sleep(0.3)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err  # the ranks finished their sleep: the signals did not stop them
+    assert sorted(p.name for p in tmp_path.glob("sig*")) == sorted(
+        f"sig{int(sig)}-{rank}" for sig in (signal.SIGUSR1, signal.SIGUSR2) for rank in (0, 1))

@@ -29,11 +29,15 @@ def run(argv: list[str]) -> None:
     if not os.path.isfile(script):
         raise UsageError(f"Script {script!r} does not exist.", "A relative path is read from the rank's working"
                          " directory.", f"Check the path (cwd: {os.getcwd()}).")
-    from sprite.runtime import config, pytorch_lightning_guard, registry, trainer_wrap
+    from sprite.runtime import ckpt_seal, config, pytorch_lightning_guard, registry, resume, rng_state, trainer_wrap
 
     cfg = config.from_env(os.environ)
     registry.register()
+    ckpt_seal.install()
+    rng_state.install()
+    resume.install(resume.mode(os.environ))
     if cfg is not None:
+        _start_heartbeat(cfg)
         trainer_wrap.install(cfg)
         pytorch_lightning_guard.install(cfg)
         if cfg.launcher != "srun":
@@ -48,7 +52,36 @@ def run(argv: list[str]) -> None:
         sys.path.insert(0, folder)
     else:
         sys.path[0] = folder
-    runpy.run_path(script, run_name="__main__")
+    _run_script(script, launched=cfg is not None)
+
+
+def _run_script(script: str, launched: bool) -> None:
+    """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, say
+    so to the watchdog and end every rank together (finish.py)."""
+    from sprite.runtime import finish, progress
+
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit:
+        if launched and exit.code in (None, 0):
+            progress.finish()
+            finish.finish()
+        raise
+    if launched:
+        progress.finish()
+        finish.finish()
+
+
+def _start_heartbeat(cfg) -> None:
+    """Report progress to sprite's stall watchdog when the launch asked for it (SPRITE_RUN_DIR set)."""
+    from sprite.runtime import progress
+    from sprite.runtime.ranks import resolve_ranks
+
+    try:
+        rank = resolve_ranks(os.environ, cfg.launcher).global_rank if cfg.launcher else 0
+    except UsageError:
+        return  # contradicting rank variables: the Trainer check reports them with every value named
+    progress.start(os.environ, rank)
 
 
 def main() -> int:

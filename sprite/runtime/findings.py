@@ -52,8 +52,8 @@ def padded_evaluation(stage: str, length: int, world: int, repeated: int) -> Fin
         f"The {stage} set has {length} samples on {world} ranks: DistributedSampler repeats {repeated} of them so"
         f" every rank gets {per_rank}, and metrics logged in {stage} count those duplicates.",
         f"{length} is not divisible by the world size.",
-        f"Evaluate on one device (a separate Trainer(devices=1) run, e.g. sprite run --devices 1), or use a"
-        f" non-duplicating distributed evaluator with Trainer(use_distributed_sampler=False).",
+        "Evaluate on one device (a separate Trainer(devices=1) run, e.g. sprite run --devices 1), or use a"
+        " non-duplicating distributed evaluator with Trainer(use_distributed_sampler=False).",
     )
 
 

@@ -22,6 +22,7 @@ from sprite.runtime.environment import ENVIRONMENTS
 from sprite.runtime.fit_checks import FitChecks
 from sprite.runtime.kwargs import accelerator_for, make_strategy
 from sprite.runtime.precision import MIXED, XPUMixedPrecision, normalize_precision
+from sprite.runtime import progress
 
 
 def _as_list(given) -> list:
@@ -154,7 +155,13 @@ def install(cfg: RuntimeConfig) -> None:
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
-        original(self, *args, **launched_trainer_kwargs(cfg, kwargs))
+        kwargs = launched_trainer_kwargs(cfg, kwargs)
+        reporters = progress.callbacks()
+        if reporters:  # the stall watchdog's heartbeat (progress.py)
+            given = kwargs.get("callbacks")
+            kwargs["callbacks"] = [*([] if given is None else given if isinstance(given, (list, tuple)) else
+                                     [given]), *reporters]
+        original(self, *args, **kwargs)
 
     __init__._sprite_launch = cfg
     Trainer.__init__ = __init__

@@ -32,6 +32,10 @@ class Scheduler:
         """True when ``environ`` is that of a process inside this system's job."""
         return False
 
+    def restart_count(self, environ: Mapping[str, str]) -> int:
+        """How many times the system has started this job again (a requeue); 0 for its first run."""
+        return 0
+
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts this job was granted. Raises UsageError when the job's variables are unusable."""
         raise NotImplementedError
@@ -43,6 +47,12 @@ class Scheduler:
     def log_path(self, block) -> str:
         """Where the system writes the job's output."""
         raise NotImplementedError
+
+    def pass_env_directives(self, names: tuple[str, ...]) -> list[str]:
+        """Directive lines that give the job ``names`` with their values in the submitting environment (the values
+        are never written). Without them a job sees only what the system passes by default, and ``sprite run``
+        inside it refuses a listed variable that is missing, naming it."""
+        return []
 
     def launch_lines(self, block, command: str) -> list[str]:
         """Job-script lines that run the (already shell-quoted) ``sprite run`` command."""

@@ -66,6 +66,11 @@ class PBS(Scheduler):
     def log_path(self, block) -> str:
         return f"{block.output_dir}/{block.job_name}.log"
 
+    def pass_env_directives(self, names: tuple[str, ...]) -> list[str]:
+        # "-v NAME": NAME and its value in qsub's environment are added to the job's Variable_List (qsub(1B) of
+        # PBS Professional, openpbs doc/man1/qsub.1B); by default PBS exports only the PBS_O_* variables.
+        return [f"#PBS -v {values.directive_word('v', ','.join(names))}"] if names else []
+
     def launch_lines(self, block, command: str) -> list[str]:
         if not block.preempt_signal:
             return super().launch_lines(block, command)

@@ -47,6 +47,11 @@ class Slurm(Scheduler):
     def detect(self, environ: Mapping[str, str]) -> bool:
         return bool(environ.get("SLURM_JOB_ID"))
 
+    def restart_count(self, environ: Mapping[str, str]) -> int:
+        # 1 in the first rerun of a requeued job (seen here: `scontrol requeue` with the FACTS.md slurm.conf)
+        count = environ.get("SLURM_RESTART_COUNT", "")
+        return int(count) if count.isdigit() else 0
+
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts of SLURM_JOB_NODELIST. Raises UsageError when the node list is missing or unreadable."""
         text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
@@ -77,6 +82,14 @@ class Slurm(Scheduler):
 
     def log_path(self, block) -> str:
         return f"{block.output_dir}/{block.job_name}-%j.log"
+
+    def pass_env_directives(self, names: tuple[str, ...]) -> list[str]:
+        # "--export=ALL,NAME": all of the submitting environment plus NAME with its current value there; names
+        # only, a value would be written into the script (sbatch(1) of Slurm 22.05, "--export"). ALL keeps the
+        # default propagation the rest of the job relies on (PATH, the venv).
+        if not names:
+            return []
+        return [f"#SBATCH --export={values.directive_word('export', 'ALL,' + ','.join(names))}"]
 
     def submit_argv(self, program: str, script: str, log_path: str) -> list[str]:
         return [program, "--parsable", script]

@@ -1,0 +1,51 @@
+"""`sprite bench compare OLD NEW`: did sprite's step time regress beyond a tolerance? For CI of user code.
+
+OLD and NEW are bench.json files or the --out folders holding them. Only the same step can be compared (model,
+LoRA or full, strategy, batch, seq, precision, attention, compile); world sizes measured in both are compared.
+No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from sprite.errors import UsageError
+
+SAME_STEP = ("model", "lora", "strategy", "batch", "seq", "precision", "attention", "compile")
+
+
+def load(path: pathlib.Path) -> dict:
+    """A bench report. Raises UsageError when ``path`` holds none."""
+    target = path / "bench.json" if path.is_dir() else path
+    try:
+        report = json.loads(target.read_text())
+        report["settings"], report["points"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"{target} is not a readable bench.json ({err.__class__.__name__}).",
+                         "The path is not a `sprite bench` --out folder or its report.",
+                         "Pass two bench.json files (or the --out folders holding them).") from None
+    return report
+
+
+def _step(report: dict) -> dict[int, float]:
+    return {p["world"]: p["arms"]["sprite"]["step_s"]["median"] for p in report["points"] if "sprite" in p["arms"]}
+
+
+def compare(old: dict, new: dict, tolerance: float) -> list[dict]:
+    """One row per world size measured in both: old and new step time, their ratio, regressed or not.
+
+    Raises UsageError when the two runs measured different steps or share no world size.
+    """
+    differ = [key for key in SAME_STEP if old["settings"].get(key) != new["settings"].get(key)]
+    if differ:
+        what = ", ".join(f"{k} {old['settings'].get(k)!r} vs {new['settings'].get(k)!r}" for k in differ)
+        raise UsageError(f"The two benchmarks measured different steps ({what}).",
+                         "A step time only compares with the same step.", "Rerun NEW with OLD's settings.")
+    before, after = _step(old), _step(new)
+    common = sorted(set(before) & set(after))
+    if not common:
+        raise UsageError(f"No world size has a sprite result in both runs (OLD {sorted(before)}, NEW {sorted(after)}).",
+                         "The sweeps differ or an arm failed.", "Rerun NEW with a world size OLD measured.")
+    return [{"world": w, "old_s": before[w], "new_s": after[w], "ratio": after[w] / before[w],
+             "regressed": after[w] / before[w] > 1 + tolerance} for w in common]

@@ -1,0 +1,91 @@
+"""One attempt of a run: launch the plan as a child, watch the heartbeats, and say how it ended and what it cost."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from sprite import contract, execute, heartbeat, rundir
+from sprite.errors import EXIT_STALLED, SpriteError, report
+from sprite.plan import LaunchPlan
+from sprite.recovery import child, classify, policy
+from sprite.recovery.session import Run
+from sprite.recovery.watchdog import Stall, Watch, heartbeat_seconds, summarize
+
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when sprite stops a stalled launch
+SIGNAL_GRACE = 30.0  # seconds a launch gets after a forwarded SIGINT/SIGTERM before SIGKILL
+LOG_TAIL = 1 << 20  # the classifier reads the last MiB of an attempt's log
+
+
+class Watcher:
+    """The child runner's tick: reads the heartbeats every ``poll`` seconds and answers a stop line on a stall."""
+
+    def __init__(self, run: Run, where: Path, world_size: int) -> None:
+        self.where, self.poll = where, heartbeat_seconds(run.limits) / 2
+        self.watch = Watch(run.limits, world_size, time.monotonic())
+        self.stall: Stall | None = None
+        self._next = 0.0
+
+    def __call__(self) -> str | None:
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + self.poll
+        self.stall = self.watch.observe(heartbeat.read_all(self.where), now)
+        return report(SpriteError(self.stall.message())) if self.stall else None
+
+
+def _unfinished(verdict: classify.Verdict, beats: dict) -> classify.Verdict:
+    """A success whose heartbeats show ranks that never finished the script is no success."""
+    left = {rank: beat for rank, beat in beats.items() if beat.phase != heartbeat.DONE}
+    if verdict.cause != classify.SUCCESS or not left:
+        return verdict
+    return classify.Verdict(classify.APP_FAULT, f"the launcher exited 0 while {summarize(left, 0)}")
+
+
+def _tail(path: Path) -> str:
+    with open(path, "rb") as log:
+        log.seek(max(0, os.path.getsize(path) - LOG_TAIL))
+        return log.read().decode(errors="replace")
+
+
+def _verdict(code: int, log_path: Path, plan: LaunchPlan, beats: dict) -> tuple[int, classify.Verdict]:
+    world = plan.world
+    verdict = _unfinished(classify.classify(code, _tail(log_path), [h for h in world.hosts
+                                                                    for _ in range(world.devices)]), beats)
+    if code == 0 and verdict.cause != classify.SUCCESS:
+        print(report(SpriteError(f"the launcher exited 0, but the run did not finish: {verdict.reason}.")),
+              file=sys.stderr, flush=True)
+        code = 1  # srun exits 0 after "Node failure on HOST" (seen here, Slurm 22.05)
+    return code, verdict
+
+
+def run_one(run: Run, plan: LaunchPlan, number: int, signals: child.Forwarding) -> tuple[dict, classify.Verdict]:
+    """Run attempt ``number`` to its end; returns its record fields (exit code, cause, cost, ...) and Verdict.
+
+    Raises UsageError when the launcher program is missing, OSError when it cannot be started.
+    """
+    world = plan.world
+    log_path = run.path / f"attempt-{number}.log"
+    watcher = Watcher(run, rundir.attempt_heartbeats(run.path, number), world.size)
+    started, wall = time.monotonic(), time.time()
+    run.record("attempt_start", attempt=number, hosts=list(world.hosts), nodes=world.nodes, world_size=world.size,
+               launcher=world.flavour, resume=plan.env.get(contract.RESUME, ""), log=log_path.name)
+    argv = [execute.resolve_program(plan), *plan.argv[1:]]
+    outcome = child.run(argv, {**os.environ, **plan.env}, plan.cwd, log_path, watcher, signals,
+                        (STOP_GRACE, SIGNAL_GRACE), poll=min(0.5, watcher.poll))
+    beats = heartbeat.read_all(watcher.where)
+    watcher.watch.observe(beats, time.monotonic())
+    stall = watcher.stall if outcome.stopped_by else None
+    code, verdict = _verdict(EXIT_STALLED if stall else outcome.code, log_path, plan, beats)
+    if stall:
+        run.record("stall", attempt=number, idle_seconds=round(stall.idle, 1), limit_seconds=stall.limit,
+                   allowance=stall.allowance, ranks=stall.summary, suspect_hosts=list(stall.suspect_hosts))
+    if verdict.cause == classify.PREEMPTION:
+        run.record("preemption", attempt=number, reason=verdict.reason)
+    cost = policy.hours(time.monotonic() - started, world.nodes, world.size)
+    return {"attempt": number, "exit_code": code, "cause": verdict.cause, "reason": verdict.reason,
+            "blamed_hosts": list(verdict.hosts), "hosts": list(world.hosts), "nodes": world.nodes,
+            "world_size": world.size, "progressed": watcher.watch.progressed, "started": wall, **cost}, verdict

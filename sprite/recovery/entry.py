@@ -1,0 +1,83 @@
+"""What ``sprite run`` does for a real run: plan, create the run folder, run the attempts, record the outcome."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Mapping
+
+from sprite import allocation, audit, contract, execute, rundir, schedulers
+from sprite.errors import UsageError
+from sprite import plan as planning
+from sprite.plan import LaunchPlan
+from sprite.recovery import summary
+from sprite.recovery.loop import run_attempts
+from sprite.recovery.session import Run, limits_of, said_never
+
+
+def prepare(flags: dict, spec_file: str | None, run_dir: str | None, environ: Mapping[str, str] = os.environ,
+            allow_literal_secrets: bool = False) -> tuple[Run, LaunchPlan]:
+    """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError (also for
+    an ``env`` that sets sprite's own run variables)."""
+    job, _ = planning.assemble(flags, spec_file, environ, allow_literal_secrets)
+    taken = sorted(set(job.env) & {contract.RUN_DIR, contract.ATTEMPT, contract.HEARTBEAT_SECONDS})
+    if taken:
+        raise UsageError(f"{', '.join(taken)} cannot be set with --env or env:.", "sprite run sets it for every run.",
+                         "Use --run-dir DIR to choose the run folder.")
+    job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
+    run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
+              said_never(flags, spec_file), allow_literal_secrets)
+    return run, run.plan(1, flags)
+
+
+def masked_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every ``--env NAME=VALUE`` shown as ``NAME=***`` (it may be a secret)."""
+    out, after_env = [], False
+    for arg in argv:
+        if after_env and "=" in arg:
+            arg = arg.split("=", 1)[0] + "=***"
+        elif arg.startswith("--env=") and "=" in arg[6:]:
+            arg = "--env=" + arg[6:].split("=", 1)[0] + "=***"
+        out.append(arg)
+        after_env = arg == "--env"
+    return out
+
+
+def _launch_record(run: Run, plan: LaunchPlan) -> None:
+    world = plan.world
+    limits = run.limits
+    run.record("launch", run_dir=str(run.path), argv=masked_argv(sys.argv), cwd=os.getcwd(),
+               host=socket.gethostname(), pid=os.getpid(), script=run.script,
+               scheduler=world.alloc.scheduler, job_id=world.alloc.job_id, allocation=list(world.alloc.hosts),
+               hosts=list(world.hosts), nodes=world.nodes, world_size=world.size, launcher=world.flavour,
+               retries=run.retries, stall_timeout=limits.stall if limits else None,
+               first_step_timeout=limits.first_step if limits else None, save_timeout=limits.save if limits else None)
+    restarts = schedulers.detect(run.environ).restart_count(run.environ)
+    if restarts:
+        run.record("requeue", job_id=world.alloc.job_id, restart_count=restarts)
+
+
+def run_all(run: Run, plan: LaunchPlan) -> int:
+    """Create the run folder, run every attempt, write the completion record and run.json; returns the exit code.
+
+    Raises UsageError when the launcher program is missing (before anything is created).
+    """
+    execute.resolve_program(plan)
+    rundir.create(run.path)
+    _launch_record(run, plan)
+    base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(),
+            "argv": masked_argv(sys.argv)}
+    rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
+    code = run_attempts(run, plan)
+    last = run.attempts[-1]
+    status = summary.status_of(last["cause"])
+    totals = {key: round(sum(a[key] for a in run.attempts), 6) for key in ("seconds", "node_hours", "device_hours")}
+    done = run.record("completion", status=status, exit_code=code, attempts=len(run.attempts), **totals)
+    result = summary.summarize(audit.read(run.trail))
+    rundir.write_summary(run.path, {**base, **result, "audit_tail": done["self_sha256"]})
+    print(f"sprite: run {status} after {len(run.attempts)} attempt(s), {totals['device_hours']:.4f} device-hours; "
+          f"record in {run.path}", file=sys.stderr, flush=True)
+    return code
+

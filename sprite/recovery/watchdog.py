@@ -1,0 +1,146 @@
+"""The stall watchdog's decisions, as pure functions of the ranks' heartbeats and sprite's own clock.
+
+A run stalls when no rank's heartbeat changes for longer than the limit in force: the start-up allowance until
+some rank has finished its first training step of this attempt, the save allowance while any rank is in a
+checkpoint save, else the stall timeout. Times are sprite's monotonic clock, never the ranks' (clocks of
+different hosts disagree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import hostlist
+
+from sprite import heartbeat
+from sprite.heartbeat import Beat
+
+_PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training step",
+               heartbeat.VALIDATION: "in validation", heartbeat.SAVE: "in checkpoint save",
+               heartbeat.DONE: "done with the script"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Seconds without progress that end a run: in general, before the first step, during a checkpoint save."""
+
+    stall: float
+    first_step: float
+    save: float
+
+    @classmethod
+    def from_options(cls, stall: float, first_step: float | None = None, save: float | None = None) -> "Limits":
+        """Defaults: start-up gets 10x the stall timeout (at least 300 s), a save 2x; neither less than ``stall``."""
+        return cls(stall, max(stall, first_step if first_step else max(10 * stall, 300.0)),
+                   max(stall, save if save else 2 * stall))
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A stopped run: how long nothing moved, the limit that applied, and the line that names every rank."""
+
+    idle: float
+    limit: float
+    allowance: str  # "stall timeout", "first-step allowance" or "save allowance"
+    summary: str
+    suspect_hosts: tuple[str, ...] = ()
+
+    def message(self) -> str:
+        if self.suspect_hosts:
+            cause = ("The ranks on some hosts fell behind the others in a training step: a node fault is likely "
+                     f"(suspect hosts: {','.join(self.suspect_hosts)}).")
+        else:
+            cause = ("The usual cause is a collective that not every rank reached (a save, log or barrier under a "
+                     "rank-zero guard), a hung device or a lost node.")
+        return (f"Stopped the run: no rank advanced for {self.idle:.0f} s ({self.allowance} {self.limit:g} s): "
+                f"{self.summary}. {cause} Look at what the named ranks were doing; raise --stall-timeout if a step "
+                "really takes this long.")
+
+
+@dataclass
+class Watch:
+    """Follows the heartbeats of one attempt; ``observe`` returns a Stall once the limit in force is passed."""
+
+    limits: Limits | None  # None: only follow progress, never stop
+    world_size: int
+    started: float
+    _seen: dict = field(default_factory=dict)
+    _last_change: float | None = None
+    progressed: bool = False  # some rank got past its first training step in this attempt
+
+    def observe(self, beats: dict[int, Beat], now: float) -> Stall | None:
+        if self._last_change is None:
+            self._last_change = self.started
+        for rank, beat in beats.items():
+            if self._seen.get(rank) != (beat.pid, beat.count):
+                self._seen[rank] = (beat.pid, beat.count)
+                self._last_change = now
+            self.progressed |= beat.past_first_step
+        if self.limits is None:
+            return None
+        limit, allowance = self.limit_in_force(beats)
+        idle = now - self._last_change
+        if idle <= limit:
+            return None
+        return Stall(idle, limit, allowance, summarize(beats, self.world_size), suspects(beats, self.world_size))
+
+    def limit_in_force(self, beats: dict[int, Beat]) -> tuple[float, str]:
+        if any(beat.phase == heartbeat.SAVE for beat in beats.values()):
+            return self.limits.save, "save allowance"
+        if not self.progressed:
+            return self.limits.first_step, "first-step allowance"
+        return self.limits.stall, "stall timeout"
+
+
+def ranges(numbers) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    out, run = [], []
+    for n in sorted(numbers):
+        if run and n != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(n)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def _group_text(ranks: list[int], hosts: set[str], what: str) -> str:
+    noun = "rank" if len(ranks) == 1 else "ranks"
+    where = f" on {hostlist.collect_hostlist(sorted(hosts))}" if hosts else ""
+    return f"{noun} {ranges(ranks)}{where} {what}"
+
+
+def summarize(beats: dict[int, Beat], world_size: int) -> str:
+    """One clause per (phase, step) group, e.g. "rank 0 on h1 in checkpoint save at step 3; ranks 1-3 on h1 in
+    training step at step 4"; ranks that never wrote a heartbeat are named as such."""
+    groups: dict[tuple[str, int], list[Beat]] = {}
+    for beat in sorted(beats.values(), key=lambda b: b.rank):
+        groups.setdefault((beat.phase, beat.step), []).append(beat)
+    order = sorted(groups, key=lambda key: min(b.rank for b in groups[key]))
+    parts = [_group_text([b.rank for b in groups[key]], {b.host for b in groups[key]},
+                         f"{_PHASE_TEXT.get(key[0], key[0])} at step {key[1]}") for key in order]
+    silent = [rank for rank in range(world_size) if rank not in beats]
+    if silent:
+        parts.append(_group_text(silent, set(), "never reported (no heartbeat)"))
+    return "; ".join(parts)
+
+
+def suspects(beats: dict[int, Beat], world_size: int) -> tuple[str, ...]:
+    """Hosts whose ranks all fell behind the others in a training step or in start-up: a node fault, not the
+    script's own hang. Empty when every rank stopped at the same step, or a laggard shares its host with a rank
+    that kept up, or the laggards sit in validation or a checkpoint save (the script's collectives)."""
+    if len(beats) < world_size or not beats:
+        return ()  # ranks that never reported have no known host: nothing to exclude
+    front = max(beat.step for beat in beats.values())
+    behind = [b for b in beats.values() if b.step < front]
+    if not behind or any(b.phase not in (heartbeat.START, heartbeat.TRAINING) for b in behind):
+        return ()
+    kept_up = {b.host for b in beats.values() if b.step == front}
+    hosts = {b.host for b in behind}
+    return () if hosts & kept_up else tuple(sorted(hosts))
+
+
+def heartbeat_seconds(limits: Limits | None) -> float:
+    """How often a rank may rewrite its heartbeat within a phase: a tenth of the stall timeout (0.5-30 s)."""
+    return min(max(limits.stall / 10, 0.5), 30.0) if limits else 30.0

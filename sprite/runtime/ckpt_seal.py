@@ -1,0 +1,158 @@
+"""Seal every checkpoint a script saves under ``python -m sprite.runtime`` with a manifest, and drop it on removal.
+
+``Trainer.save_checkpoint`` is where every save goes (ModelCheckpoint calls it, Lightning 2.6.6
+callbacks/model_checkpoint.py:600, and it runs on every rank, trainer/trainer.py:1463-1465), so sprite wraps it:
+rank 0 first picks a name that does not exist (a save never writes into an existing checkpoint folder), every
+rank then saves as Lightning does, fsyncs and hashes the files it wrote, and rank 0 seals once every rank has
+confirmed. A folder save to a name in use goes to a fresh hidden folder that replaces the old one only when
+complete. ``ModelCheckpoint._remove_checkpoint`` (save_top_k) also removes the manifest sprite wrote beside a file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import secrets
+from pathlib import Path
+
+from sprite import integrity
+from sprite.runtime import collective, hashed_save
+
+
+def _plan(target: Path, folder: bool) -> dict:
+    """Rank 0: where this save writes. A folder save gets a folder made just now (never one that existed)."""
+    if not folder:
+        return {"write": str(target), "swap": False}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(target)
+        return {"write": str(target), "swap": False}
+    except FileExistsError:
+        fresh = target.with_name(f".{target.name}.sprite-new-{secrets.token_hex(4)}")
+        os.mkdir(fresh)
+        return {"write": str(fresh), "swap": True}
+
+
+def _mine(written: Path, rank: int, world: int) -> list[str]:
+    """The files of ``written`` that this rank wrote and hashes: ``__<rank>_*`` shards of a
+    torch.distributed.checkpoint folder (torch/distributed/checkpoint/filesystem.py:690, prefix ``__{i}_``);
+    rank 0 takes every other file (``.metadata``, Lightning's ``meta.pt``) and a single-file save."""
+    if written.is_file():
+        return [written.name] if rank == 0 else []
+    names = [Path(os.path.relpath(os.path.join(d, f), written)).as_posix() for d, _, fs in os.walk(written) for f in fs]
+    owner = re.compile(r"__(\d+)_")
+    def owned(name: str) -> int:
+        match = owner.match(Path(name).name)
+        return int(match.group(1)) if match and int(match.group(1)) < world else 0
+    return sorted(name for name in names if owned(name) == rank)
+
+
+def _describe_mine(written: Path, rank: int, world: int) -> tuple[bool, object]:
+    """(True, {relpath: {size, sha256}}) after fsync of this rank's files, or (False, the reason). A file this
+    process hashed while writing it (hashed_save) is not read again."""
+    try:
+        root = written if written.is_dir() else written.parent
+        names = _mine(written, rank, world)
+        known = {name: hashed_save.known_digest(root / name) for name in names}
+        for name in names:
+            integrity.fsync_file(root / name)
+        files = integrity.describe(root, [name for name in names if not known[name]])
+        files.update({name: {"size": os.lstat(root / name).st_size, "sha256": digest}
+                      for name, digest in known.items() if digest})
+        return True, files
+    except (OSError, integrity.IntegrityError) as err:
+        return False, f"rank {rank}: {err}"
+
+
+def _meta(trainer, fmt: str, weights_only) -> dict:
+    strategy = trainer.strategy
+    return {"step": trainer.global_step, "epoch": trainer.current_epoch, "world_size": trainer.world_size,
+            "strategy": collective.family(strategy), "strategy_class": type(strategy).__name__, "format": fmt,
+            "weights_only": bool(weights_only),
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")}
+
+
+def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> None:
+    """Rank 0: swap a fresh folder into place, replace a stale manifest, seal, record."""
+    written = Path(plan["write"])
+    failed = [info for ok, info in reports if not ok]
+    if failed:
+        collective.say(f"checkpoint {target} is not sealed (a rank could not confirm its files): {'; '.join(failed)}")
+        collective.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=False)
+        return
+    files = {rel: entry for ok, info in reports for rel, entry in info.items()}
+    if written.is_dir():
+        for folder, _, _ in os.walk(written):
+            integrity.fsync_dir(folder)
+    if plan["swap"]:
+        _swap(written, target)
+    stale = integrity.manifest_path(target)
+    if not target.is_dir() and os.path.lexists(stale):
+        os.unlink(stale)  # sprite's manifest of the file Lightning has just replaced (fabric cloud_io._atomic_save)
+    fmt = "dcp" if target.is_dir() else "file"
+    integrity.seal(target, _meta(trainer, fmt, weights_only), files)
+    collective.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=True)
+
+
+def _swap(fresh: Path, target: Path) -> None:
+    """Put the complete ``fresh`` folder at ``target``; the old one goes (kept aside if sprite did not seal it)."""
+    aside = target.with_name(f".{target.name}.sprite-old-{secrets.token_hex(4)}")
+    os.rename(target, aside)
+    os.rename(fresh, target)
+    integrity.fsync_dir(target.parent)
+    if os.path.lexists(integrity.manifest_path(aside)):
+        import shutil
+
+        shutil.rmtree(aside)
+    else:
+        collective.say(f"the folder that was at {target} had no sprite manifest; it is kept as {aside}")
+
+
+def _is_folder_save(strategy) -> bool:
+    """Whether Lightning writes this strategy's checkpoint as a folder (torch.distributed.checkpoint)."""
+    return bool(getattr(strategy, "_save_distributed_checkpoint", False)) or \
+        getattr(strategy, "_state_dict_type", None) == "sharded"
+
+
+def save_checkpoint(original, trainer, filepath, weights_only=None, storage_options=None) -> None:
+    """Lightning's save, then the seal. Every rank calls it, as Lightning requires.
+
+    Raises:
+        OSError: rank 0 could not create the checkpoint's folder (raised on every rank).
+    """
+    strategy = trainer.strategy
+    target = Path(os.path.abspath(filepath))
+    plan = None
+    if strategy.is_global_zero:
+        try:
+            plan = _plan(target, _is_folder_save(strategy))
+        except OSError as err:
+            plan = {"error": f"cannot create the checkpoint folder for {target}: {err}"}
+    plan = strategy.broadcast(plan)
+    if "error" in plan:
+        raise OSError(plan["error"])
+    original(trainer, plan["write"], weights_only, storage_options)
+    reports = collective.gather(_describe_mine(Path(plan["write"]), trainer.global_rank, trainer.world_size))
+    if strategy.is_global_zero:
+        _finish(plan, target, trainer, weights_only, reports)
+    strategy.barrier("sprite.seal_checkpoint")
+
+
+def remove_checkpoint(original, callback, trainer, filepath) -> None:
+    """Lightning's removal, then rank 0 removes the manifest sprite wrote beside the removed file."""
+    original(callback, trainer, filepath)
+    manifest = integrity.manifest_path(Path(filepath))
+    if trainer.is_global_zero and not os.path.lexists(filepath) and os.path.lexists(manifest):
+        os.unlink(manifest)
+
+
+def install() -> None:
+    """Wrap ``Trainer.save_checkpoint`` and ``ModelCheckpoint._remove_checkpoint``, and hash single-file saves
+    while they are written (idempotent)."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    collective.wrap(Trainer, "save_checkpoint", save_checkpoint)
+    collective.wrap(ModelCheckpoint, "_remove_checkpoint", remove_checkpoint)
+    hashed_save.install()

@@ -1,0 +1,59 @@
+"""Small helpers the checkpoint code shares: gather a Python object from every rank, name the strategy, say
+something on rank 0, append to the run's audit trail when ``SPRITE_RUN_DIR`` names one, wrap a method once."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+from sprite import audit as audit_trail
+from sprite import contract
+
+AUDIT_NAME = "audit.jsonl"
+
+
+def gather(obj) -> list:
+    """``obj`` from every rank, in rank order (``[obj]`` without an initialized process group). Every rank must
+    call it. Objects travel through torch.distributed's pickling collectives on the strategy's backend."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def family(strategy) -> str:
+    """"fsdp", "ddp", "single" or the strategy's class name."""
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
+
+    kinds = ((ModelParallelStrategy, "fsdp"), (DDPStrategy, "ddp"), (SingleDeviceStrategy, "single"))
+    return next((name for cls, name in kinds if isinstance(strategy, cls)), type(strategy).__name__)
+
+
+def say(message: str) -> None:
+    """One line on stderr, prefixed like every sprite message (callers decide which rank speaks)."""
+    print(f"sprite: {message}", file=sys.stderr, flush=True)
+
+
+def audit(kind: str, **fields) -> None:
+    """Append a record to ``$SPRITE_RUN_DIR/audit.jsonl`` when the variable is set (callers: rank 0 only)."""
+    run_dir = os.environ.get(contract.RUN_DIR, "").strip()
+    if run_dir:
+        audit_trail.append(os.path.join(run_dir, AUDIT_NAME), kind, **fields)
+
+
+def wrap(cls, name: str, wrapper) -> None:
+    """Replace ``cls.name`` by ``wrapper(original, self, *args, **kwargs)``; a second call changes nothing."""
+    original = getattr(cls, name)
+    if getattr(original, "_sprite_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        return wrapper(original, self, *args, **kwargs)
+
+    method._sprite_wrapped = True
+    setattr(cls, name, method)

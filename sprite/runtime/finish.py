@@ -1,0 +1,55 @@
+"""End every rank of a launched fit together: wait for all ranks at the end of the script, destroy the process
+group while every peer is still alive, and let rank 0, which hosts the rendezvous store, exit last.
+
+A gloo rank that exits with its process group alive can abort at interpreter exit with "terminate called without
+an active exception" (its worker threads are destroyed unjoined while module globals are cleared): pytorch#65231,
+fixed in torch's own tests by an explicit destroy_process_group (pytorch#65513); reproduced here with plain torch
+2.13, 5 gloo ranks doing one all_gather and exiting (benchmarks/finish_stress.py). Lightning never destroys the
+group, so sprite does it once the script has returned. The waits go through the store, not a collective, so they
+never pair with a collective a peer is still stuck in (a save reached by rank 0 alone): the finished ranks wait,
+and the stall watchdog names the phase of the one that is stuck. Rank 0 leaves last because the store lives in
+its process: a rank still polling it must not find it gone.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+ARRIVED, RELEASED = "sprite/finish/arrived", "sprite/finish/released"
+WAIT_ALL_SECONDS = 1800.0  # as long as Lightning's default process-group timeout: a rank may still be saving
+WAIT_RELEASE_SECONDS = 60.0
+
+
+def _wait_count(store, key: str, target: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while store.add(key, 0) < target:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def finish() -> None:
+    """After the script returned on this rank: barrier (through the store), destroy the process group, and keep
+    rank 0 alive until every other rank has torn its own down. Does nothing outside a process group."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        dist.destroy_process_group()
+        return
+    store = dist.distributed_c10d._get_default_store()  # held here, so it outlives the process group
+    store.add(ARRIVED, 1)
+    if not _wait_count(store, ARRIVED, world, WAIT_ALL_SECONDS):
+        print(f"sprite: warning: rank {rank}: not every rank reached the end of the script within "
+              f"{WAIT_ALL_SECONDS:.0f} s; exiting without waiting for them.", file=sys.stderr, flush=True)
+        return
+    dist.destroy_process_group()
+    if rank != 0:
+        store.add(RELEASED, 1)
+    elif not _wait_count(store, RELEASED, world - 1, WAIT_RELEASE_SECONDS):
+        print("sprite: warning: rank 0: some ranks did not confirm their shutdown; exiting anyway.",
+              file=sys.stderr, flush=True)

@@ -1,0 +1,123 @@
+"""``SPRITE_RESUME`` (``sprite run --resume auto|PATH|never``): resume the script's first ``Trainer.fit`` from a
+checkpoint whose manifest verifies, with no change to the script.
+
+The runtime passes a placeholder as ``fit(ckpt_path=...)``; Lightning hands it on untouched (an unknown string is
+a path to it, trainer/connectors/checkpoint_connector.py:116-215) to ``resume_start`` (checkpoint_connector.py:67),
+which runs after the process group exists (trainer/trainer.py:1033 before :1046/:1066). There rank 0 chooses, every
+rank gets the choice by broadcast, and a refusal ends every rank with exit code 1.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from sprite import ckpt_scan, contract
+from sprite.errors import UsageError
+from sprite.integrity import IntegrityError
+from sprite.runtime import collective
+
+PENDING = "sprite-resume:pending"  # fit(ckpt_path=PENDING) until resume_start resolves it
+
+
+def mode(environ) -> str:
+    """"never", "auto" or a checkpoint path, from ``SPRITE_RESUME`` (unset or empty: never)."""
+    return environ.get(contract.RESUME, "").strip() or "never"
+
+
+def checkpoint_dirs(trainer) -> list[str]:
+    """Where the script's checkpoints go: each ModelCheckpoint's ``dirpath``, else Lightning's default folder
+    (callbacks/model_checkpoint.py:837-865), whose ``version_N`` changes every run, so every version is searched."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    dirs = []
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        if callback.dirpath is not None:
+            dirs.append(os.fspath(callback.dirpath))
+        elif trainer.loggers:
+            logger = trainer.loggers[0]
+            save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+            dirs += sorted(glob.glob(os.path.join(glob.escape(save_dir), glob.escape(str(logger.name)), "*",
+                                                  "checkpoints")))
+        else:
+            dirs.append(os.path.join(trainer.default_root_dir, "checkpoints"))
+    return list(dict.fromkeys(dirs))
+
+
+def _auto(trainer) -> dict:
+    dirs = checkpoint_dirs(trainer)
+    chosen, skipped, found = ckpt_scan.choose(dirs)
+    for entry in skipped:
+        collective.say(f"resume: skipped {entry.path}: {entry.reason}")
+        collective.audit("checkpoint_skipped", path=str(entry.path), reason=entry.reason)
+    where = ", ".join(dirs) or "nowhere (the Trainer has no ModelCheckpoint)"
+    if chosen is not None:
+        return _chosen(chosen)
+    if found == 0:
+        collective.say(f"resume auto: no checkpoint in {where}; starting fresh")
+        return {"path": None}
+    named = "; ".join(f"{entry.path.name}: {entry.reason}" for entry in skipped)
+    return {"error": (f"--resume auto found {found} checkpoint(s) in {where} and none is valid ({named}).",
+                      "Every save was cut short or changed afterwards.",
+                      "Pass --resume PATH with a checkpoint you trust, or --resume never to start fresh.")}
+
+
+def _chosen(entry: ckpt_scan.Entry) -> dict:
+    collective.say(f"resume: from {entry.path} (step {entry.step}, epoch {entry.epoch})")
+    collective.audit("resume", path=str(entry.path), step=entry.step)
+    return {"path": str(entry.path)}
+
+
+def _decide(trainer, wanted: str) -> dict:
+    """Rank 0: ``{"path": str | None}`` or ``{"error": (what, cause, fix)}``."""
+    if wanted == "auto":
+        return _auto(trainer)
+    entry = ckpt_scan.inspect(wanted, verify=True)
+    if entry.valid:
+        return _chosen(entry)
+    collective.audit("checkpoint_skipped", path=wanted, reason=entry.reason)
+    return {"error": (f"--resume {wanted}: the checkpoint is not valid: {entry.reason}.",
+                      "The save was cut short or the checkpoint was changed afterwards.",
+                      "Pass another checkpoint, or --resume auto to take the newest valid one.")}
+
+
+def resolve(trainer, wanted: str):
+    """The checkpoint path every rank resumes from, or None for a fresh start.
+
+    Raises:
+        IntegrityError: no valid checkpoint to resume from (every rank raises it; exit code 1).
+    """
+    strategy = trainer.strategy
+    decision = strategy.broadcast(_decide(trainer, wanted) if strategy.is_global_zero else None)
+    if "error" in decision:
+        raise IntegrityError(*decision["error"])
+    return decision["path"]
+
+
+def install(wanted: str) -> None:
+    """Route the first ``Trainer.fit`` of the process through :func:`resolve` (nothing for "never")."""
+    if wanted == "never":
+        return
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    def first_fit(fit, trainer, *args, **kwargs):
+        given = kwargs.get("ckpt_path", args[4] if len(args) > 4 else None)
+        if not getattr(trainer, "_sprite_resume_used", False):
+            trainer._sprite_resume_used = True
+            if given is not None:
+                raise UsageError(f"The script calls Trainer.fit(ckpt_path={given!r}) and sprite was asked to"
+                                 f" resume from {wanted!r}.", "Both choose the checkpoint to start from.",
+                                 "Drop ckpt_path from the script, or run with --resume never.")
+            kwargs["ckpt_path"] = PENDING
+        return fit(trainer, *args, **kwargs)
+
+    def resolving_start(resume_start, connector, checkpoint_path=None, weights_only=None):
+        if checkpoint_path == PENDING:
+            checkpoint_path = resolve(connector.trainer, wanted)
+        return resume_start(connector, checkpoint_path, weights_only)
+
+    collective.wrap(Trainer, "fit", first_fit)
+    collective.wrap(_CheckpointConnector, "resume_start", resolving_start)

@@ -1,0 +1,84 @@
+"""Secret environment variables: which names are secret, where their values come from, how they are printed.
+
+A variable is secret when the job spec lists it under ``secrets:`` (or ``sprite run --secret NAME``), or when its
+name matches one of the site profile's ``secret_patterns`` (shell-style, any case; ``DEFAULT_PATTERNS`` unless
+the profile says otherwise). A secret's value comes from the environment of the process that launches or
+submits the job, never from a file or an argument list: a literal value in a spec, a site profile or
+``--env NAME=VALUE`` is refused unless the user passes ``--allow-literal-secrets``. Every printer (``--dry-run``,
+``--json``, ``sprite env``) shows values through :func:`mask`, which keeps the names. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Collection, Mapping
+
+from sprite.errors import UsageError
+
+DEFAULT_PATTERNS = ("*_TOKEN", "*_KEY", "*SECRET*", "*PASSWORD*", "*_PAT")
+MASK = "***"
+
+
+def matching_pattern(name: str, patterns: Collection[str]) -> str | None:
+    """The first of ``patterns`` that ``name`` matches, compared in upper case (``wandb_api_key`` is a key too)."""
+    return next((p for p in patterns if fnmatch.fnmatchcase(name.upper(), p.upper())), None)
+
+
+def is_secret(name: str, listed: Collection[str], patterns: Collection[str]) -> bool:
+    return name in listed or matching_pattern(name, patterns) is not None
+
+
+def names(job, site) -> frozenset[str]:
+    """Every secret variable of ``job`` (a JobSpec) under ``site``'s patterns: listed ones and matching names."""
+    candidates = (*job.env, *job.pass_env, *job.secrets)
+    return frozenset(n for n in candidates if is_secret(n, job.secrets, site.secret_patterns))
+
+
+def mask(env: Mapping[str, str], secret: Collection[str]) -> dict[str, str]:
+    """``env`` with the value of every name in ``secret`` replaced by ``***``: what every printer shows."""
+    return {name: MASK if name in secret else value for name, value in env.items()}
+
+
+def check_literals(job, site, allow: bool, sources: Mapping[str, str] = {}) -> None:
+    """Refuse a secret given a literal value (in ``job.env``) unless ``allow``; ``sources`` maps a variable name
+    to where its value was written (a file, ``--env``).
+
+    Raises UsageError naming the variable.
+    """
+    for name in job.env:
+        if allow or not is_secret(name, job.secrets, site.secret_patterns):
+            continue
+        why = "is listed as a secret" if name in job.secrets else \
+            f"matches the secret pattern {matching_pattern(name, site.secret_patterns)}"
+        raise UsageError(
+            f"{name} {why} but {sources.get(name, 'the job spec')} gives it a literal value.",
+            "A value written in a file or on a command line can be read by others (shared folders, the process "
+            "table).",
+            f"Remove the value, export {name} in the shell that runs sprite and list it under secrets: (or pass "
+            f"--secret {name}); or pass --allow-literal-secrets.",
+        )
+
+
+def from_caller(job) -> tuple[str, ...]:
+    """Names whose values the launching or submitting environment must provide (no literal in ``job.env``)."""
+    return tuple(n for n in dict.fromkeys((*job.pass_env, *job.secrets)) if n not in job.env)
+
+
+def resolve(job, environ: Mapping[str, str]) -> dict[str, str]:
+    """The spec's literal values plus, for every name of :func:`from_caller`, its value in ``environ``.
+
+    Raises UsageError naming the first such variable that ``environ`` does not set.
+    """
+    missing(from_caller(job), environ, job.secrets)
+    return {**job.env, **{name: environ[name] for name in from_caller(job)}}
+
+
+def missing(wanted: Collection[str], environ: Mapping[str, str], listed: Collection[str] = ()) -> None:
+    """Raise UsageError naming the first of ``wanted`` that ``environ`` does not set."""
+    for name in wanted:
+        if name not in environ:
+            what = "is a secret" if name in listed else "is to be passed from this environment (--env NAME, pass_env:)"
+            raise UsageError(f"{name} {what} but is not set here.",
+                             "Its value is taken from the environment of the shell that runs sprite.",
+                             f"Export {name} first (export {name}=...), or stop listing it (secrets:, pass_env:, "
+                             "--secret, --env NAME).")

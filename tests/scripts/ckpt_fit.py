@@ -1,0 +1,98 @@
+"""A plain Lightning script for sprite's checkpoint tests: dropout, shuffled data, ModelCheckpoint every N steps.
+
+Nothing here knows about sprite's manifests or resume: sprite's runtime seals the checkpoints and passes
+``--resume`` to ``Trainer.fit``. Each rank appends ``{"step", "loss"}`` per step to OUT/losses-<tag>-rank<N>.jsonl;
+rank 0 saves the final trainable weights to OUT/final-<tag>.pt. ``--crash-at-save K`` makes rank 0 write half of
+its K-th checkpoint file (counted in this process) and SIGKILL itself: a save cut short in the middle.
+"""
+
+import argparse
+import io
+import json
+import os
+import signal
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(L.LightningModule):
+    def __init__(self, out: str, tag: str):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.3), nn.Linear(32, 1))
+        self.out, self.tag = out, tag
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("progress", float(self.global_step))
+        path = os.path.join(self.out, f"losses-{self.tag}-rank{self.global_rank}.jsonl")
+        with open(path, "a") as sink:
+            sink.write(json.dumps({"step": self.global_step, "loss": float(loss.detach()).hex()}) + "\n")
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+
+def crash_at_save(trainer, count: int) -> None:
+    """Rank 0's K-th save writes half the file at its final name, then the process is SIGKILLed."""
+    io_plugin, original, seen = trainer.strategy.checkpoint_io, trainer.strategy.checkpoint_io.save_checkpoint, [0]
+
+    def save(checkpoint, path, storage_options=None):
+        seen[0] += 1
+        if seen[0] != count:
+            return original(checkpoint, path, storage_options=storage_options)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        with open(path, "wb") as handle:
+            handle.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    io_plugin.save_checkpoint = save
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tag", required=True)
+    parser.add_argument("--ckpt-dir")
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--every", type=int, default=3)
+    parser.add_argument("--crash-at-save", type=int, default=0)
+    parser.add_argument("--top-k", type=int, default=-1, help="keep only the K newest (monitor: progress)")
+    parser.add_argument("--save-last", action="store_true")
+    parser.add_argument("--full-state", action="store_true", help="FSDP2: one full-state file, not a DCP folder")
+    parser.add_argument("--random-sampler", action="store_true",
+                        help="keep the DataLoader's RandomSampler on every rank (its permutation comes from the"
+                             " global torch generator) instead of Lightning's DistributedSampler")
+    args = parser.parse_args()
+
+    L.seed_everything(0, verbose=False)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 8, generator=gen)
+    data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+    model = Net(args.out, args.tag)
+    checkpoints = ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every, save_top_k=args.top_k,
+                                  monitor="progress" if args.top_k > 0 else None, mode="max", save_last=args.save_last)
+    extra = {}
+    if args.full_state:
+        from sprite import FSDP2Strategy
+
+        extra["strategy"] = FSDP2Strategy(save_distributed_checkpoint=False)
+    trainer = L.Trainer(max_steps=args.max_steps, callbacks=[checkpoints], logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=not args.random_sampler, **extra)
+    if args.crash_at_save and trainer.global_rank == 0:
+        crash_at_save(trainer, args.crash_at_save)
+    trainer.fit(model, DataLoader(data, batch_size=4, shuffle=True))
+    if trainer.global_rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
+                   os.path.join(args.out, f"final-{args.tag}.pt"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Choosing the checkpoint to resume, `sprite ckpt verify/list`, `--resume` planning. No training processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sprite import ckpt_scan, cli, contract, integrity, plan
+from sprite.runtime import ckpt_seal
+
+from conftest import OUTSIDE_CHECKOUT
+
+
+def _ckpt(folder, step: int, sealed: bool = True, payload: bytes = b""):
+    path = folder / f"epoch=0-step={step}.ckpt"
+    integrity.write_new(path, payload or f"weights at {step}".encode() * 50)
+    if sealed:
+        integrity.seal(path, {"step": step, "epoch": 0, "time": f"2026-01-01T00:00:{step:02d}"})
+    return path
+
+
+def _flip(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_the_newest_valid_checkpoint_is_chosen_and_newer_broken_ones_are_named(tmp_path):
+    _ckpt(tmp_path, 3, payload=b"no manifest, older than the choice")  # an old checkpoint sprite never sealed
+    os.unlink(integrity.manifest_path(tmp_path / "epoch=0-step=3.ckpt"))
+    os.utime(tmp_path / "epoch=0-step=3.ckpt", (time.time() - 3600,) * 2)
+    _ckpt(tmp_path, 6)
+    _flip(_ckpt(tmp_path, 9))
+    _ckpt(tmp_path, 12, sealed=False)  # a save cut short
+    chosen, skipped, found = ckpt_scan.choose([tmp_path, tmp_path / "missing"])
+    assert found == 4 and chosen.path.name == "epoch=0-step=6.ckpt" and chosen.valid and chosen.step == 6
+    reasons = {entry.path.name: entry.reason for entry in skipped}
+    assert set(reasons) == {"epoch=0-step=9.ckpt", "epoch=0-step=12.ckpt"}
+    assert "does not match its SHA-256" in reasons["epoch=0-step=9.ckpt"]
+    assert "has no manifest" in reasons["epoch=0-step=12.ckpt"]
+
+
+def test_no_valid_checkpoint_lists_every_one_and_an_empty_folder_finds_none(tmp_path):
+    _flip(_ckpt(tmp_path, 3))
+    _ckpt(tmp_path, 6, sealed=False)
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    chosen, skipped, found = ckpt_scan.choose([tmp_path])
+    assert chosen is None and found == 2 and len(skipped) == 2
+    assert ckpt_scan.choose([tmp_path / "empty"]) == (None, [], 0)
+
+
+def test_a_folder_save_never_writes_into_an_existing_folder(tmp_path):
+    target = tmp_path / "last.ckpt"
+    assert ckpt_seal._plan(target, folder=True) == {"write": str(target), "swap": False} and target.is_dir()
+    again = ckpt_seal._plan(target, folder=True)
+    fresh = again["write"]
+    assert again["swap"] and fresh != str(target) and os.path.basename(fresh).startswith(".last.ckpt.sprite-new-")
+    assert os.path.isdir(fresh) and os.listdir(fresh) == []
+
+
+def test_each_rank_hashes_its_own_shards(tmp_path):
+    for name in ("__0_0.distcp", "__1_0.distcp", "__1_1.distcp", ".metadata", "meta.pt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert ckpt_seal._mine(tmp_path, 0, 2) == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert ckpt_seal._mine(tmp_path, 1, 2) == ["__1_0.distcp", "__1_1.distcp"]
+
+
+def _cli(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def test_ckpt_verify_and_list_exit_codes(tmp_path, capsys):
+    good, bad = _ckpt(tmp_path, 3), _ckpt(tmp_path, 6)
+    _flip(bad)
+    code, out, _ = _cli(["ckpt", "verify", str(good)], capsys)
+    assert code == 0 and "valid:" in out and "step 3" in out
+    code, _, err = _cli(["ckpt", "verify", str(bad)], capsys)
+    assert code == 1 and "epoch=0-step=6.ckpt does not match its SHA-256" in err and len(err.splitlines()) == 1
+    assert _cli(["ckpt", "verify", str(tmp_path / "nope")], capsys)[0] == 2
+    assert _cli(["ckpt", "list", str(good)], capsys)[0] == 2
+    code, out, _ = _cli(["ckpt", "list", str(tmp_path), "--json"], capsys)
+    rows = json.loads(out)
+    assert code == 0 and [(r["step"], r["valid"]) for r in rows] == [(6, False), (3, True)]
+    code, out, _ = _cli(["ckpt", "list", str(tmp_path)], capsys)
+    assert code == 0 and "valid" in out and "does not match its SHA-256" in out
+
+
+def test_ckpt_commands_import_no_torch(tmp_path):
+    path = _ckpt(tmp_path, 3)
+    probe = f"""
+import sys
+from sprite import cli
+for argv in (["ckpt", "verify", {str(path)!r}], ["ckpt", "list", {str(tmp_path)!r}]):
+    try:
+        cli.main(argv)
+    except SystemExit as exit:
+        assert exit.code == 0, (argv, exit.code)
+heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'torch', 'lightning', 'numpy'}})
+sys.stderr.write("HEAVY=" + repr(heavy))
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            cwd=OUTSIDE_CHECKOUT)
+    assert result.returncode == 0 and result.stderr.endswith("HEAVY=[]"), result.stderr[-500:]
+
+
+def test_resume_is_planned_into_the_contract(clean_env, example_script, tmp_path):
+    assert plan.plan_run({"script": example_script}, clean_env).env[contract.RESUME] == "never"
+    assert plan.plan_run({"script": example_script, "resume": "auto"}, clean_env).env[contract.RESUME] == "auto"
+    ckpt = _ckpt(tmp_path, 3)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"script: {example_script}\nresume: {ckpt.name}\n")
+    assert plan.plan_run({}, clean_env, spec_file=str(spec)).env[contract.RESUME] == str(ckpt)
+    from sprite.errors import UsageError
+
+    with pytest.raises(UsageError, match="no such checkpoint"):
+        plan.plan_run({"script": example_script, "resume": str(tmp_path / "gone.ckpt")}, clean_env)
+
+
+def test_single_file_saves_are_hashed_while_written(tmp_path):
+    import hashlib
+
+    from sprite.runtime import hashed_save
+
+    target = tmp_path / "epoch=0-step=1.ckpt"
+    hashed_save.atomic_save({"w": list(range(1000))}, target)
+    assert os.listdir(tmp_path) == [target.name]  # written whole under a temporary name, then renamed
+    assert hashed_save.known_digest(target) == hashlib.sha256(target.read_bytes()).hexdigest()
+    hashed_save.atomic_save({"w": [1]}, target)  # a later save to the name replaces it, as Lightning's does
+    assert hashed_save.known_digest(target) == hashlib.sha256(target.read_bytes()).hexdigest()
+    target.write_bytes(target.read_bytes() + b"changed")
+    assert hashed_save.known_digest(target) is None  # a changed file is hashed again when sealed

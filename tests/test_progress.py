@@ -1,0 +1,86 @@
+"""The runtime's heartbeat: what a fit reports, when it reaches the disk, and that a failing disk never stops it."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from sprite import heartbeat
+from sprite.runtime import progress
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val", nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def data():
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+
+@pytest.fixture
+def written(monkeypatch, tmp_path):
+    """Every Beat the heart writes, in order (the real write still happens)."""
+    beats = []
+    real = heartbeat.write
+    monkeypatch.setattr(heartbeat, "write", lambda where, beat: (beats.append(beat), real(where, beat)))
+    monkeypatch.setattr(progress, "_current", None)
+    return beats
+
+
+def test_a_fit_reports_each_phase_and_the_save_inside_it(written, tmp_path):
+    heart = progress.start({"SPRITE_RUN_DIR": str(tmp_path), "SPRITE_ATTEMPT": "1",
+                            "SPRITE_HEARTBEAT_SECONDS": "60"}, rank=0)
+    (tmp_path / "heartbeat" / "attempt-1").mkdir(parents=True, exist_ok=True)
+    heart.where = tmp_path / "heartbeat" / "attempt-1"
+    trainer = L.Trainer(max_steps=6, val_check_interval=3, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=progress.callbacks(),
+                        num_sanity_val_steps=0)
+    trainer.fit(Tiny(), data(), data())
+    progress.finish(trainer.global_step)
+    phases = [b.phase for b in written]
+    compressed = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    assert compressed[:3] == ["start", "training step", "validation"]
+    assert compressed[-1] == "done" and "checkpoint save" in compressed  # ModelCheckpoint's own save
+    saves = [b for b in written if b.phase == heartbeat.SAVE]
+    assert saves and all(b.step in (3, 6) for b in saves)
+    last = heartbeat.read_all(heart.where)[0]
+    assert (last.phase, last.step, last.first_step) == ("done", 6, 0)
+
+
+def test_steps_within_a_phase_reach_the_disk_within_the_interval(written, tmp_path):
+    heart = progress.Heart(tmp_path, rank=3, interval=0.2)
+    heart.update(heartbeat.TRAINING, 0)
+    assert written[-1].phase == heartbeat.TRAINING  # a phase change is written at once
+    count = len(written)
+    for step in range(1, 50):
+        heart.update(step=step)
+    assert len(written) <= count + 1  # 49 steps cost no file writes of their own
+    time.sleep(0.6)
+    assert heartbeat.read_all(tmp_path)[3].step == 49
+
+
+def test_an_unwritable_folder_warns_once_and_never_raises(written, tmp_path, capsys):
+    heart = progress.Heart(tmp_path / "missing", rank=0, interval=0.05)
+    for step in range(5):
+        heart.update(heartbeat.VALIDATION if step % 2 else heartbeat.TRAINING, step)
+    time.sleep(0.2)
+    err = capsys.readouterr().err
+    assert err.count("sprite: warning: cannot write the heartbeat") == 1
+    assert "file system every node sees" in err

@@ -1,0 +1,103 @@
+"""Resume pieces in one process: where --resume auto looks, the ckpt_path conflict, the generators' round trip."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from sprite.errors import UsageError
+from sprite.runtime import resume, rng_state
+
+
+def _trainer(tmp_path, **kwargs):
+    import lightning as L
+
+    return L.Trainer(default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False, **kwargs)
+
+
+def test_auto_looks_in_dirpath_every_logger_version_or_the_default_root(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    explicit = _trainer(tmp_path, logger=False, callbacks=[ModelCheckpoint(dirpath=tmp_path / "mine")])
+    assert resume.checkpoint_dirs(explicit) == [str(tmp_path / "mine")]
+    for version in ("version_0", "version_1", "run-b"):
+        (tmp_path / "logs" / "exp" / version / "checkpoints").mkdir(parents=True)
+    logged = _trainer(tmp_path, logger=CSVLogger(tmp_path / "logs", name="exp"))
+    assert resume.checkpoint_dirs(logged) == [str(tmp_path / "logs" / "exp" / v / "checkpoints")
+                                               for v in ("run-b", "version_0", "version_1")]
+    assert resume.checkpoint_dirs(_trainer(tmp_path, logger=False)) == [str(tmp_path / "checkpoints")]
+    assert resume.checkpoint_dirs(_trainer(tmp_path, logger=False, enable_checkpointing=False)) == []
+
+
+def test_a_script_that_picks_its_own_checkpoint_conflicts_with_resume(tmp_path, monkeypatch):
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    monkeypatch.setattr(Trainer, "fit", Trainer.fit)  # restored after the test
+    monkeypatch.setattr(_CheckpointConnector, "resume_start", _CheckpointConnector.resume_start)
+    resume.install("auto")
+    with pytest.raises(UsageError, match=r"Trainer.fit\(ckpt_path='mine.ckpt'\) and sprite was asked to resume"):
+        _trainer(tmp_path, logger=False).fit(None, ckpt_path="mine.ckpt")
+    assert resume.mode({}) == "never" and resume.mode({"SPRITE_RESUME": " auto "}) == "auto"
+
+
+def test_every_generator_comes_back(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    saved = rng_state.capture("cpu")
+    torch.save(saved, tmp_path / "state.pt")
+    first = (random.random(), np.random.rand(), torch.rand(3))
+    rng_state.restore(torch.load(tmp_path / "state.pt", weights_only=True), "cpu")  # safe to load as weights
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert first[:2] == again[:2] and torch.equal(first[2], again[2])
+
+
+class _Rank0:
+    """Stands in for a Lightning strategy on rank 0 of a world of one (a named fake: no process group)."""
+
+    is_global_zero = True
+
+    def broadcast(self, obj):
+        return obj
+
+
+def test_an_invalid_resume_path_ends_every_rank_with_exit_1(tmp_path):
+    from sprite import integrity
+
+    path = tmp_path / "epoch=0-step=3.ckpt"
+    integrity.write_new(path, b"weights")
+    integrity.seal(path, {"step": 3, "epoch": 0})
+    trainer = type("Trainer", (), {"strategy": _Rank0()})()
+    assert resume.resolve(trainer, str(path)) == str(path)
+    path.write_bytes(b"WEIGHTS")
+    with pytest.raises(integrity.IntegrityError, match="not valid: .*does not match its SHA-256") as err:
+        resume.resolve(trainer, str(path))
+    assert err.value.exit_code == 1
+
+
+def _augmenting_loader():
+    """Batches whose content draws from the global torch generator, as random augmentation does."""
+    while True:
+        yield torch.rand(2)
+
+
+def test_a_prefetched_batch_is_drawn_again_from_its_own_state():
+    """Fetch 1 is trained, fetch 2 was prefetched before the save: the resume skips 1, re-draws 2 from the
+    state before it, then continues from the state at the save (dropout draws interleave with fetches)."""
+    torch.manual_seed(0)
+    start = rng_state.capture("cpu")
+    original = rng_state._Counted(_augmenting_loader(), "cpu", None)
+    first, prefetched = next(original), next(original)
+    torch.rand(3)  # step 1's dropout, after the prefetch
+    saved = {"trained": 1, "before": [s for n, s in original.before if n > 1], "now": rng_state.capture("cpu")}
+    later = [(next(original), torch.rand(3)) for _ in range(2)]
+    rng_state.restore(start, "cpu")
+    torch.rand(5)  # draws before the skip change only the dropped batch 1 here (no sampler)
+    resumed = rng_state._Counted(_augmenting_loader(), "cpu", saved)
+    assert torch.equal(next(resumed), prefetched)
+    again = [(next(resumed), torch.rand(3)) for _ in range(2)]
+    assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(later, again))
+    assert not torch.equal(first, prefetched)

@@ -1,0 +1,106 @@
+"""The stall watchdog's decisions (pure) and the heartbeat files both halves share."""
+
+from __future__ import annotations
+
+import os
+
+from sprite import heartbeat
+from sprite.heartbeat import Beat
+from sprite.recovery.watchdog import Limits, Watch, heartbeat_seconds, ranges, summarize, suspects
+
+
+def beat(rank, step, phase=heartbeat.TRAINING, host="h1", count=1, first_step=0):
+    return Beat(rank, host, 100 + rank, step, phase, count, 0.0, first_step)
+
+
+def test_limits_defaults_and_floors():
+    assert Limits.from_options(30) == Limits(30, 300, 60)
+    assert Limits.from_options(100) == Limits(100, 1000, 200)
+    assert Limits.from_options(30, first_step=5, save=10) == Limits(30, 30, 30)  # never shorter than the stall
+    assert Limits.from_options(5, first_step=120, save=7) == Limits(5, 120, 7)
+
+
+def test_heartbeat_interval_is_a_tenth_of_the_timeout_within_bounds():
+    assert heartbeat_seconds(None) == 30.0
+    assert heartbeat_seconds(Limits.from_options(4)) == 0.5
+    assert heartbeat_seconds(Limits.from_options(60)) == 6.0
+    assert heartbeat_seconds(Limits.from_options(1800)) == 30.0
+
+
+def test_summary_groups_ranks_by_phase_and_step():
+    beats = {0: beat(0, 3, heartbeat.SAVE), **{r: beat(r, 4) for r in (1, 2, 3)}}
+    assert summarize(beats, 4) == ("rank 0 on h1 in checkpoint save at step 3; "
+                                   "ranks 1-3 on h1 in training step at step 4")
+    beats = {0: beat(0, 7, host="nid001"), 1: beat(1, 7, host="nid002"), 3: beat(3, 6, heartbeat.VALIDATION, "nid002")}
+    assert summarize(beats, 5) == ("ranks 0-1 on nid[001-002] in training step at step 7; rank 3 on nid002 in "
+                                   "validation at step 6; ranks 2,4 never reported (no heartbeat)")
+    assert ranges([5, 0, 1, 2, 9, 10]) == "0-2,5,9-10"
+
+
+def test_suspects_are_hosts_whose_ranks_all_fell_behind_in_training():
+    behind = {0: beat(0, 37, host="a"), 1: beat(1, 37, host="a"), 2: beat(2, 36, host="b"), 3: beat(3, 36, host="b")}
+    assert suspects(behind, 4) == ("b",)
+    same_step = {r: beat(r, 37, host="ab"[r // 2]) for r in range(4)}
+    assert suspects(same_step, 4) == ()  # every rank stopped at one step: the script's own hang
+    shared = {0: beat(0, 37, host="a"), 1: beat(1, 36, host="a")}
+    assert suspects(shared, 2) == ()  # the laggard shares its host with a rank that kept up
+    saving = {0: beat(0, 3, heartbeat.SAVE, host="a"), 1: beat(1, 4, host="b")}
+    assert suspects(saving, 2) == ()  # a save under a rank-zero guard is the script's collective, not the node
+    assert suspects({0: beat(0, 3, host="a")}, 2) == ()  # a silent rank has no known host
+
+
+def test_watch_uses_the_first_step_allowance_then_the_stall_timeout():
+    limits = Limits(stall=5, first_step=60, save=20)
+    watch = Watch(limits, world_size=2, started=0.0)
+    starting = {0: beat(0, 0, heartbeat.START, first_step=-1), 1: beat(1, 0, heartbeat.START, first_step=-1)}
+    assert watch.observe({}, 10.0) is None
+    assert watch.observe(starting, 20.0) is None  # a first heartbeat is progress
+    assert watch.observe(starting, 79.0) is None  # start-up may take a minute
+    stall = watch.observe(starting, 80.5)
+    assert stall and stall.allowance == "first-step allowance" and stall.limit == 60
+    assert "ranks 0-1 on h1 in start-up at step 0" in stall.message()
+
+    watch = Watch(limits, world_size=2, started=0.0)
+    for now, step in ((1.0, 0), (2.0, 1), (3.0, 2)):
+        assert watch.observe({r: beat(r, step, count=step + 1) for r in (0, 1)}, now) is None
+    assert watch.progressed
+    assert watch.observe({r: beat(r, 2, count=3) for r in (0, 1)}, 7.9) is None
+    stall = watch.observe({r: beat(r, 2, count=3) for r in (0, 1)}, 8.1)
+    assert stall and stall.allowance == "stall timeout" and round(stall.idle, 1) == 5.1
+    assert stall.message().startswith("Stopped the run: no rank advanced for 5 s (stall timeout 5 s): ranks 0-1")
+
+
+def test_watch_gives_a_save_the_save_allowance_and_any_rank_progress_resets_the_clock():
+    watch = Watch(Limits(stall=5, first_step=60, save=20), world_size=2, started=0.0)
+    watch.observe({0: beat(0, 1, count=2), 1: beat(1, 1, count=2)}, 1.0)
+    saving = {0: beat(0, 1, heartbeat.SAVE, count=3), 1: beat(1, 1, count=2)}
+    assert watch.observe(saving, 2.0) is None
+    assert watch.observe(saving, 21.9) is None
+    stall = watch.observe(saving, 22.1)
+    assert stall and stall.allowance == "save allowance"
+    assert stall.summary == "rank 0 on h1 in checkpoint save at step 1; rank 1 on h1 in training step at step 1"
+    watch = Watch(Limits(stall=5, first_step=5, save=5), world_size=2, started=0.0)
+    for now in range(1, 30):  # only rank 1 moves (validation batches): still progress
+        assert watch.observe({0: beat(0, 2), 1: beat(1, 2, heartbeat.VALIDATION, count=now)}, float(now)) is None
+
+
+def test_a_watch_without_limits_only_follows_progress():
+    watch = Watch(None, world_size=1, started=0.0)
+    assert watch.observe({0: beat(0, 0, first_step=-1)}, 1e6) is None and not watch.progressed
+    assert watch.observe({0: beat(0, 3, count=5)}, 2e6) is None and watch.progressed
+
+
+def test_heartbeat_files_round_trip_and_skip_damaged_ones(tmp_path):
+    assert heartbeat.read_all(tmp_path / "missing") == {}
+    one = beat(1, 12, heartbeat.VALIDATION, host="nid7", count=40, first_step=3)
+    heartbeat.write(tmp_path, one)
+    heartbeat.write(tmp_path, beat(0, 12))
+    (tmp_path / "rank5.json").write_text('{"rank": 5, "host"')  # torn: skipped, not an error
+    (tmp_path / "notes.txt").write_text("ignored")
+    seen = heartbeat.read_all(tmp_path)
+    assert set(seen) == {0, 1} and seen[1] == one and one.past_first_step
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "rank0.json", "rank1.json", "rank5.json"]  # no temp left
+    assert heartbeat.folder_from_env({"SPRITE_RUN_DIR": "/r", "SPRITE_ATTEMPT": "2"}) == \
+        heartbeat.folder("/r", 2) and str(heartbeat.folder("/r", 2)) == "/r/heartbeat/attempt-2"
+    assert heartbeat.folder_from_env({}) is None
+    assert heartbeat.folder_from_env({"SPRITE_RUN_DIR": "/r"}) is None  # a run folder without sprite run's attempt
