@@ -13,7 +13,7 @@ import pathlib
 
 import numpy as np
 
-from sprite import integrity
+from sprite import integrity, owner_only
 from sprite.parity.store import ResultError, clean
 
 TENSORS = "tensors.npz"
@@ -27,7 +27,7 @@ def write(out: pathlib.Path, target: str, strategy, record: dict, arrays: dict) 
     """
     folder, rank = out / target, record["meta"]["rank"]
     if rank == 0:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        owner_only.make_dirs(folder.parent)
         integrity.make_dir_new(folder)
     strategy.barrier("sprite.ckpt_results.folder")
     text = json.dumps(clean(record), indent=1, sort_keys=True, allow_nan=False)

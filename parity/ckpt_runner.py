@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from rich.console import Console
 
-from sprite import integrity
+from sprite import integrity, owner_only
 from sprite.errors import UsageError
 from sprite.parity.ckpt_launch import overrides
 from sprite.parity.ckpt_progress import Display
@@ -43,14 +43,14 @@ def claim_dir(out: pathlib.Path, settings: CkptSettings) -> None:
         raise UsageError(f"--out {out} exists already; refusing to run into it.",
                          "It holds an earlier check (results are never overwritten).",
                          f"Pass a new directory, or recompute the old verdict with `sprite ckpt-check compare {out}`.")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    owner_only.make_dirs(out.parent)
     integrity.make_dir_new(out)
     integrity.write_new(out / "run.json", settings.to_json().encode())
     integrity.seal(out / "run.json", {"what": "sprite ckpt-check settings"})
 
 
 def _record(out: pathlib.Path, key: str, **outcome) -> None:
-    (out / "launches").mkdir(exist_ok=True)
+    owner_only.make_dirs(out / "launches")
     integrity.write_new(out / "launches" / f"{key}.json", json.dumps({"key": key, **outcome}, indent=1).encode())
 
 

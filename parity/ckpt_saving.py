@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from sprite import integrity
+from sprite import integrity, owner_only
 
 
 def save_sealed(trainer, path: pathlib.Path) -> str:
@@ -25,6 +25,8 @@ def save_sealed(trainer, path: pathlib.Path) -> str:
     if os.path.lexists(path):
         raise integrity.IntegrityError(f"{path} exists already; refusing to save a checkpoint over it.",
                                        "An earlier run wrote there.", "Save into a fresh directory.")
+    if trainer.global_rank == 0:
+        owner_only.make_dirs(path.parent)
     strategy.barrier("sprite.ckpt_check.name_checked")  # every rank looked before anyone writes
     trainer.save_checkpoint(path)
     if trainer.global_rank != 0:
