@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from rich.console import Console
 
 from sprite import owner_only
-from sprite.errors import UsageError
+from sprite.integrity import IntegrityError
+from sprite.errors import UsageError, one_line
 from sprite.parity import faults
 from sprite.parity.arm_launch import launch_arm
 from sprite.parity.settings import SINGLE_ARMS, Settings, arm_world
@@ -32,7 +33,12 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
         raise UsageError(f"--out {out} is not empty; refusing to run into it.",
                          "It holds an earlier run (arms never overwrite results).",
                          f"Pass a fresh directory, or recompute the old verdict with `sprite parity compare {out}`.")
-    owner_only.make_dirs(out)  # 0700: results and logs inside are for their owner only
+    try:
+        owner_only.make_dirs(out)  # 0700: results and logs inside are for their owner only
+    except (OSError, IntegrityError) as err:  # a file where a folder of the path should be, a read-only file system
+        raise UsageError(f"--out {one_line(str(out), 300)} cannot be made ({getattr(err, 'strerror', None) or err}).",
+                         "A part of the path is a file, or the folder above it is not writable.",
+                         "Pass a fresh directory under a folder you can write to.") from None
     write_new(out / "run.json", settings.to_json().encode())
 
 

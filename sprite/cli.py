@@ -42,7 +42,7 @@ def run(
     precision: Optional[str] = typer.Option(None, "--precision", help="e.g. 32-true, bf16-mixed, 16-mixed"),
     launcher: Optional[str] = typer.Option(None, "--launcher", help="auto|mpiexec|srun|torchrun|local"),
     mpi: Optional[str] = typer.Option(None, "--mpi", help="mpiexec flavour: auto|pals|hydra|openmpi"),
-    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list)"),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat; a,b; nid[001-3])"),
     env: Optional[List[str]] = typer.Option(
         None, "--env", help="NAME: pass this shell's NAME to every rank; NAME=VALUE: set it (repeatable). A value "
         "on the command line can be read by every user of this machine (process table, shell history): prefer NAME"),
@@ -64,6 +64,10 @@ def run(
                                               "launch, to replace a failed node"),
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
+    preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
+                                                 "it the ranks checkpoint at the next step and exit 75"),
+    requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "
+                                 "system to run this job again (job scripts pass it)"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
     strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
@@ -82,14 +86,17 @@ def run(
     flags = {
         "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
         "accelerator": accelerator, "strategy": strategy, "precision": precision, "launcher": launcher,
-        "mpi": mpi, "site": site, "exclude": _commas(exclude), "env": _env_pairs(env), "master_port": master_port,
-        "pass_env": _env_names(env), "secrets": list(secret) if secret else None,
+        "mpi": mpi, "site": site, "exclude": list(exclude) if exclude else None, "env": _env_pairs(env),
+        "master_port": master_port, "pass_env": _env_names(env), "secrets": list(secret) if secret else None,
         "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None),
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes,
+        "preempt_signal": preempt_signal, "requeue": True if requeue else None,
     }
     run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
+    for note in launch.notes:
+        print(f"sprite: {one_line(note)}", file=sys.stderr)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return 0
@@ -106,10 +113,6 @@ def env_command(
 
     info = envinfo.detect(site)
     typer.echo(envinfo.to_json(info) if json_out else envinfo.describe(info))
-
-
-def _commas(values: Optional[List[str]]) -> Optional[list]:
-    return [part for value in values for part in value.split(",") if part] if values else None
 
 
 def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from sprite import schedulers
-from sprite.errors import UsageError
+from sprite.errors import UsageError, show
 from sprite.schedulers.base import Scheduler
 
 SUBMIT_HELP = """Write a {kind} job script for SPEC and submit it with {cmd}; print the job id and the log path.
@@ -27,10 +27,10 @@ Examples:
 
 
 def _job_id(value: str) -> str:
-    from sprite import values
+    from sprite import allocation
 
-    if not values.NAME.fullmatch(value):
-        raise UsageError(f"{value!r} is not a job id.", "Job ids are numbers or names such as 123.server.",
+    if not allocation.JOB_ID.fullmatch(value):
+        raise UsageError(f"{show(value)} is not a job id.", "Job ids are numbers or names such as 123.server.",
                          "Pass the id that sprite qsub/sbatch printed.")
     return value
 
@@ -42,7 +42,7 @@ def _submit(spec_name: str, scheduler: Scheduler, dry_run: bool, allow_literal_s
     if dry_run:
         typer.echo(prepared.text, nl=False)
         return
-    job_id = submit.submit(prepared)
+    job_id, prepared = submit.submit(prepared)
     typer.echo(f"submitted {scheduler.name} job {job_id}")
     typer.echo(f"script  {prepared.script_path}")
     typer.echo(f"log     {prepared.log_path.replace('%j', job_id)}")
@@ -76,21 +76,21 @@ def register(app: typer.Typer) -> None:
                                 "Example: sprite status 1234")
     def status(job_id: str = job_id_arg, scheduler: Optional[str] = scheduler_opt,
                site: Optional[str] = site_opt):
-        from sprite import submit
+        from sprite import clients
 
-        typer.echo(submit.status(_job_id(job_id), submit.pick(_kind(scheduler), site)))
+        typer.echo(clients.status(_job_id(job_id), clients.pick(_kind(scheduler), site)))
 
     @app.command("cancel", help="Cancel a job (qdel / scancel).\n\nExample: sprite cancel 1234")
     def cancel(job_id: str = job_id_arg, scheduler: Optional[str] = scheduler_opt,
                site: Optional[str] = site_opt):
-        from sprite import submit
+        from sprite import clients
 
-        submit.cancel(_job_id(job_id), submit.pick(_kind(scheduler), site))
+        clients.cancel(_job_id(job_id), clients.pick(_kind(scheduler), site))
         typer.echo(f"cancel requested for job {job_id}")
 
 
 def _kind(value: Optional[str]) -> Optional[str]:
     allowed = [s.name for s in schedulers.batch()]
     if value is not None and value not in allowed:
-        raise UsageError(f"Option --scheduler {value!r} is not a scheduler.", "", f"Allowed: {', '.join(allowed)}.")
+        raise UsageError(f"Option --scheduler {show(value)} is not a scheduler.", "", f"Allowed: {', '.join(allowed)}.")
     return value

@@ -25,6 +25,8 @@ RUN_DIR = "SPRITE_RUN_DIR"  # the run folder (audit.jsonl, heartbeat/, run.json)
 RESUME_MODES = ("never", "auto")  # or a path
 ATTEMPT = "SPRITE_ATTEMPT"  # 1 for the first launch of a run, 2 for its first relaunch, ...
 HEARTBEAT_SECONDS = "SPRITE_HEARTBEAT_SECONDS"  # the most often a rank rewrites its heartbeat within one phase
+PREEMPT_SIGNAL = "SPRITE_PREEMPT_SIGNAL"  # USR1 | USR2 | none: the signal on which ranks checkpoint and stop (exit 75)
+JOB_SCRIPT = "SPRITE_JOB_SCRIPT"  # set by a job script that may requeue: its own path, to submit it again (PBS)
 
 ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS)
 
@@ -32,6 +34,7 @@ ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHE
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 CHECK_MODES = ("on", "off", "strict")  # SPRITE_CHECKS; "on" when unset
+PREEMPT_SIGNALS = ("USR1", "USR2", "none")  # SPRITE_PREEMPT_SIGNAL; sprite/preemption.py says why USR1 is the default
 
 # Launcher flavours a plan can be built for; the runtime resolves ranks differently for each.
 LAUNCHER_FLAVOURS = ("local", "pals", "hydra", "openmpi", "srun", "torchrun")

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from sprite import allocation, contract, secret_env, sites, world
+from sprite import allocation, contract, schedulers, secret_env, sites, world
 
 
 def count_devices() -> tuple[str, int]:
@@ -60,6 +60,7 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
         "srun": shutil.which("srun"),
         "env": secret_env.mask(site_env, [n for n in site_env if is_secret(n)]),
         "secrets_here": sorted(n for n in environ if is_secret(n)),
+        "notes": schedulers.detection_notes(environ),  # e.g. which batch system won when several are set
     }
 
 
@@ -81,4 +82,5 @@ def describe(info: dict) -> str:
         ("site env", " ".join(f"{k}={v}" for k, v in info["env"].items()) or "none"),
         ("secret vars", ", ".join(info["secrets_here"]) or "none"),
     ]
+    rows += [("note", note[len("note: "):]) for note in info["notes"]]
     return "\n".join(f"{name:<13}{value}" for name, value in rows)

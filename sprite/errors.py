@@ -6,12 +6,17 @@ usual cause, and the fix. The CLI prints it as one line (no traceback) and exits
 
 from __future__ import annotations
 
+import reprlib
 from typing import Callable
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_STALLED = 124
+# The ranks saved a checkpoint after the preemption signal and stopped: run again with --resume auto.
+# 75 is sysexits.h's EX_TEMPFAIL ("a temporary failure; the user is invited to retry later"): no launcher,
+# scheduler or signal (128+N) gives it another meaning.
+EXIT_PREEMPTED = 75
 
 # A value checker's way to refuse: complain(what is wrong, what is allowed) builds the error it raises.
 Complain = Callable[[str, str], Exception]
@@ -41,6 +46,30 @@ class SpecError(UsageError):
         fix = f"Allowed: {allowed}." if allowed else ""
         super().__init__(f"{where}: key '{key}': {what}", "", fix)
         self.source, self.line, self.key = source, line, key
+
+
+# reprlib bounds a value's repr without building the whole of it first (a 60 KB string, a list of 10,000 hosts).
+class _Repr(reprlib.Repr):
+    # repr() of an int over 4,300 digits raises ValueError (sys.int_info.default_max_str_digits)
+    def repr_int(self, x, level):
+        return repr(x) if x.bit_length() <= 128 else f"<an integer of {int(x.bit_length() * 0.30103) + 1} digits>"
+
+
+_SHOW = _Repr()  # keyword arguments need Python 3.12
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong = 3, 80, 80, 40
+_SHOW.maxlist = _SHOW.maxdict = _SHOW.maxtuple = _SHOW.maxset = 6
+
+
+def show(value: object) -> str:
+    """``repr(value)`` cut to about 80 characters and a few items per level, for quoting input in a message."""
+    return _SHOW.repr(value)
+
+
+def preview(items, limit: int = 4) -> str:
+    """The first ``limit`` items joined by ", ", then how many more: hosts in a message never list them all."""
+    items = list(items)
+    head = ", ".join(show(item) if not isinstance(item, str) else one_line(item, 80) for item in items[:limit])
+    return head + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
 MAX_MESSAGE = 2000  # characters of one printed error line; longer messages are cut with a note

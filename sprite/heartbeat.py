@@ -16,7 +16,8 @@ from sprite import contract
 
 # What a rank is doing, in the order a fit goes through them.
 START, TRAINING, VALIDATION, SAVE, DONE = "start", "training step", "validation", "checkpoint save", "done"
-PHASES = (START, TRAINING, VALIDATION, SAVE, DONE)
+PREEMPTED = "preempted"  # saved a checkpoint after the preemption signal and stopped (exit 75)
+PHASES = (START, TRAINING, VALIDATION, SAVE, DONE, PREEMPTED)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def folder_from_env(env) -> Path | None:
     """This rank's heartbeat folder from the launch contract (``SPRITE_RUN_DIR`` and ``SPRITE_ATTEMPT``, both set
     by ``sprite run``), or None when the launch asked for none."""
     run_dir, attempt = env.get(contract.RUN_DIR, ""), env.get(contract.ATTEMPT, "")
-    if not run_dir or not attempt.isdigit():
+    if not run_dir or not (attempt.isascii() and attempt.isdigit()):  # "²".isdigit() is True, int() refuses it
         return None
     return folder(run_dir, int(attempt))
 

@@ -1,5 +1,7 @@
 """A job script: the scheduler's directives, the spec's setup lines, and the ``sprite run`` command it runs.
 
+Setup lines are trusted shell, run with the user's rights (``sprite.scheduler_values`` says what is checked).
+
 The template is package data (``sprite.launch_templates/job.sh.tmpl``) filled with ``string.Template``.
 Directives come from the scheduler module (directive-safe tokens only); every word of the body goes through
 ``shlex.quote``. The job runs ``python -m sprite run`` with the fields written in the spec file and the site
@@ -16,14 +18,15 @@ import string
 from importlib import resources
 from pathlib import Path
 
-from sprite import schedulers, secret_env, values, world
-from sprite.errors import UsageError
+from sprite import contract, schedulers, secret_env, values, world
+from sprite.errors import UsageError, show
 from sprite.scheduler_block import SchedulerBlock
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
 
 TEMPLATE = "job.sh.tmpl"
-VALUE_FLAGS = ("nodes", "devices", "accelerator", "strategy", "precision", "launcher", "mpi", "master_port")
+VALUE_FLAGS = ("nodes", "devices", "accelerator", "strategy", "precision", "launcher", "mpi", "master_port", "resume",
+               "stall_timeout", "first_step_timeout", "save_timeout", "retries", "spare_nodes", "preempt_signal")
 
 
 def check_text(key: str, text: str) -> str:
@@ -31,7 +34,7 @@ def check_text(key: str, text: str) -> str:
     bad = values.control_char(text)
     if bad:
         raise UsageError(
-            f"{key} = {text!r} holds the control character {bad!r}.",
+            f"{key} = {show(text)} holds the control character {bad!r}.",
             "A newline or control character in a job script would end the line it is written on.",
             "Remove it from the spec (YAML block scalars | and > keep newlines).",
         )
@@ -51,22 +54,46 @@ def site_argument(site: SiteProfile) -> str:
     return str(Path(site.source).resolve())
 
 
-def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec) -> list[str]:
+def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, block=None) -> list[str]:
     """``python -m sprite run --site S [flags written in the spec] SCRIPT ARGS...`` as a list of words.
 
-    Variables are named, never given values: ``--secret NAME`` for a secret, ``--env NAME`` for the others.
+    Variables are named, never given values: ``--secret NAME`` for a secret, ``--env NAME`` for the others. The
+    scheduler block's ``preempt_signal`` becomes ``--preempt-signal`` (the ranks handle the signal the batch
+    system sends) and ``requeue: true`` becomes ``--requeue --resume auto`` (the run that comes back continues
+    from the newest valid checkpoint). Raises UsageError when the spec's own keys contradict those.
     """
+    layer = {**file_layer, **_from_block(file_layer, block)} if block is not None else file_layer
     argv = [python, "-m", "sprite", "run", "--site", site_argument(site)]
     for key in VALUE_FLAGS:
-        if key in file_layer:
-            argv += ["--" + key.replace("_", "-"), str(file_layer[key])]
+        if key in layer:
+            argv += ["--" + key.replace("_", "-"), str(layer[key])]
     secret = secret_env.names(job, site)
-    for name in dict.fromkeys((*file_layer.get("env", {}), *job.pass_env, *job.secrets)):
+    for name in dict.fromkeys((*layer.get("env", {}), *job.pass_env, *job.secrets)):
         argv += ["--secret" if name in secret else "--env", name]
-    if file_layer.get("exclude"):
-        argv += ["--exclude", ",".join(file_layer["exclude"])]
-    argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(file_layer.get("checks", "on"), [])
+    if layer.get("exclude"):
+        argv += ["--exclude", ",".join(layer["exclude"])]
+    argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(layer.get("checks", "on"), [])
+    argv += ["--requeue"] if layer.get("requeue") else []
     return argv + [job.script or "", *job.args]
+
+
+def _from_block(file_layer: dict, block) -> dict:
+    """The run flags a scheduler block implies: its preemption signal, and requeue with ``resume: auto``."""
+    out = {}
+    if block.preempt_signal:
+        name = block.preempt_signal[0]
+        if file_layer.get("preempt_signal", name) != name:
+            raise UsageError(f"preempt_signal: {file_layer['preempt_signal']} contradicts scheduler.preempt_signal: "
+                             f"{name}@{block.preempt_signal[1]}.", "The ranks handle one signal; the scheduler "
+                             "sends the other.", "Write the signal once, in scheduler.preempt_signal.")
+        out["preempt_signal"] = name
+    if block.requeue:
+        if file_layer.get("resume", "auto") != "auto":
+            raise UsageError(f"resume: {file_layer['resume']} with scheduler.requeue: true.", "A requeued job must "
+                             "continue from its newest checkpoint, so the job script resumes with auto.",
+                             "Remove resume: (or write resume: auto), or set requeue: false.")
+        out.update(requeue=True, resume="auto")
+    return out
 
 
 def exports(file_layer: dict, secret) -> list[str]:
@@ -88,12 +115,15 @@ def ranks_per_node(job: JobSpec, site: SiteProfile) -> int:
 
 
 def render(block: SchedulerBlock, argv: list[str], devices: int, spec_path: str, workdir: str,
-           export_lines: tuple = ()) -> str:
-    """The whole job script. Raises UsageError for a value that cannot be written safely."""
+           export_lines: tuple = (), script_path: str = "") -> str:
+    """The whole job script; one that may requeue exports its own path (``contract.JOB_SCRIPT``: a batch system
+    without a user requeue submits it again). Raises UsageError for a value that cannot be written safely."""
     scheduler = schedulers.get(block.kind)
     setup = [quote_words("scheduler.setup", words) for words in block.setup]
     setup = ("\n".join(setup) if setup else "# (no setup lines in the spec)") + "".join(
         "\n" + line for line in export_lines)
+    own = [f"export {contract.JOB_SCRIPT}={shlex.quote(check_text('script path', script_path))}"] \
+        if block.requeue and script_path else []
     template = string.Template((resources.files("sprite.launch_templates") / TEMPLATE).read_text())
     return template.substitute(
         directives="\n".join(scheduler.directives(block, devices) + scheduler.pass_env_directives(block.pass_env)),
@@ -103,5 +133,5 @@ def render(block: SchedulerBlock, argv: list[str], devices: int, spec_path: str,
         spec=shlex.quote(check_text("spec path", spec_path)),
         workdir=shlex.quote(check_text("working directory", workdir)),
         setup=setup,
-        launch="\n".join(scheduler.launch_lines(block, quote_words("launch command", argv))),
+        launch="\n".join(own + scheduler.launch_lines(block, quote_words("launch command", argv))),
     )

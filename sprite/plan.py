@@ -12,12 +12,12 @@ import os
 import shlex
 import socket
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from sprite import allocation, contract, launchers, rendezvous, secret_env, sites, world, yamldoc
+from sprite import allocation, contract, launchers, preemption, rendezvous, schedulers, secret_env, sites, world, yamldoc
 from sprite import spec as specmod
+from sprite.allocation import Allocation
 from sprite.errors import UsageError
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
@@ -46,6 +46,7 @@ class LaunchPlan:
     env: dict[str, str]
     world: World
     cwd: str | None = None
+    notes: tuple[str, ...] = ()  # what sprite decided over the caller's environment, for stderr
     secret: frozenset = frozenset()
 
     def to_json(self) -> str:
@@ -76,8 +77,8 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     """Every variable sprite sets or overrides for the ranks: site and spec env (secrets and ``pass_env`` names
     with their values in ``ctx.environ``), rendezvous and the contract. Raises UsageError for an unset secret."""
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
-    addr = "127.0.0.1" if local else rendezvous.master_addr(ctx.environ, world.hosts)
-    port = rendezvous.master_port(ctx.environ, world.alloc.job_id, spec.master_port, ctx.pick_free_port)
+    addr = "127.0.0.1" if local else world.hosts[0]
+    port = rendezvous.master_port(world.alloc.job_id, spec.master_port, ctx.pick_free_port)
     env = secret_env.resolve(spec, ctx.environ)
     env.update({
         # `python -m sprite.runtime` started in a source checkout would import the checkout's sprite/ (the cwd
@@ -99,13 +100,22 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.SITE: site.name,
         contract.RESUME: spec.resume,
         contract.CHECKS: spec.checks,
+        contract.PREEMPT_SIGNAL: preemption.effective(spec.preempt_signal),
     })
     env.update(ctx.run_env)
     return env
 
 
 def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> LaunchPlan:
-    """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments."""
+    """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments.
+
+    Raises UsageError for a preemption signal the launcher would not pass on, or ``requeue`` outside a batch job.
+    """
+    preemption.check_launcher(spec.preempt_signal, world.flavour)
+    if spec.requeue and not world.alloc.job_id:
+        raise UsageError("--requeue asks the batch system to run this job again, and this is no batch job.",
+                         "Job scripts written by `sprite qsub`/`sprite sbatch` pass it when the spec says requeue.",
+                         "Drop --requeue (or requeue: true) here, or submit the spec as a job.")
     env = environment(spec, site, world, ctx)
     argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
     return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site))
@@ -117,19 +127,21 @@ def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, st
 
     Raises UsageError / SpecError; UsageError for a secret given a literal value unless ``allow_literal_secrets``.
     """
-    file_layer = specmod.from_document(yamldoc.load(spec_file)) if spec_file else {}
+    doc = yamldoc.load(spec_file) if spec_file else None
+    file_layer = specmod.from_document(doc) if doc else {}
     flag_layer = specmod.from_flags(flags)
-    if "script" in flag_layer:
-        flag_layer["script"] = str(Path(flag_layer["script"]).resolve())
-    if flag_layer.get("resume", "never") not in contract.RESUME_MODES:
-        flag_layer["resume"] = str(Path(flag_layer["resume"]).resolve())
-    site_name = flag_layer.get("site") or file_layer.get("site") or environ.get("SPRITE_SITE") or "local"
-    site = sites.load(site_name)
+    for key in ("script", "resume"):
+        if key in flag_layer and (key == "script" or flag_layer[key] not in contract.RESUME_MODES):
+            flag_layer[key] = specmod.absolute(flag_layer[key])
+    site = sites.choose(flag_layer, file_layer, doc, environ)
     # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
     defaults = {key: value for key, value in site.job.items() if key != "devices"}
-    job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name})
-    check_script(job.script)
-    check_resume(job.resume)
+    origins = {**site.origins, **(specmod.origins(doc, file_layer) if doc else {})}
+    origins = {key: where for key, where in origins.items() if key not in flag_layer}
+    job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name, "origins": origins})
+    sites.check_limits(job, site)
+    specmod.check_script(job, doc)
+    check_resume(job)
     written = ((f"the site profile {site.source}", defaults), (f"the spec {spec_file}", file_layer),
                ("--env NAME=VALUE", flag_layer))
     sources = {name: where for where, layer in written for name in layer.get("env", {})}
@@ -137,24 +149,12 @@ def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, st
     return job, site
 
 
-def check_resume(resume: str) -> None:
+def check_resume(job: JobSpec) -> None:
     """Raise UsageError unless ``resume`` is never, auto or an existing checkpoint (a file or a folder)."""
-    if resume not in contract.RESUME_MODES and not os.path.exists(resume):
-        raise UsageError(f"--resume {resume}: no such checkpoint.", "The path is misspelled, or relative to"
+    if job.resume not in contract.RESUME_MODES and not os.path.exists(job.resume):
+        raise UsageError(f"{job.blame('resume')}: no such checkpoint.", "The path is misspelled, or relative to"
                          " another folder (spec paths are relative to the spec file).",
                          "Pass never, auto, or the path of an existing checkpoint file or folder.")
-
-
-def check_script(script: str | None) -> None:
-    """Raise UsageError unless ``script`` names an existing file."""
-    if not script:
-        raise UsageError("No training script given.", "", "Pass SCRIPT after sprite's options, or set script: in --spec.")
-    if not os.path.isfile(script):
-        raise UsageError(
-            f"The training script {script} does not exist.",
-            "The path is misspelled or relative to another folder (spec paths are relative to the spec file).",
-            "Pass the path of an existing Python file.",
-        )
 
 
 def context(environ: Mapping[str, str], run_env: Mapping[str, str] | None = None) -> Context:
@@ -174,4 +174,14 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     job, site = assemble(flags, spec_file, environ, allow_literal_secrets)
     alloc = allocation.discover(environ, hostname=socket.gethostname())
     launched = world.resolve(job, site, alloc)
-    return build(job, site, launched, context(environ, run_env))
+    plan = build(job, site, launched, context(environ, run_env))
+    notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
+    return replace(plan, notes=notes)
+
+
+def plan_in(job: JobSpec, site: SiteProfile, alloc: Allocation, python: str) -> LaunchPlan:
+    """The plan ``job`` would get inside ``alloc`` (a requested allocation, before submission): the same
+    checks as ``sprite run`` in the job. Variables the job takes from the submitting environment get empty
+    stand-ins (submit checks they are set). Raises UsageError for a world the allocation cannot hold."""
+    stand_ins = dict.fromkeys(secret_env.from_caller(job), "")
+    return build(job, site, world.resolve(job, site, alloc), Context(python=python, environ=stand_ins))

@@ -1,7 +1,9 @@
 """Rendezvous: where rank 0 listens (MASTER_ADDR, MASTER_PORT), agreed by every node without talking.
 
-The port comes from, in order: an explicit value (flag, spec or MASTER_PORT), a hash of the scheduler job id
-(so every node and every rank computes the same number), or a free port of this machine for local runs.
+sprite owns both: the address is the first host it launches on (never a host left out with --exclude), and the
+port comes from, in order, an explicit value (--master-port or the spec's master_port), a hash of the scheduler
+job id (so every node and every rank computes the same number), or a free port of this machine for local runs.
+Values inherited from the caller's environment are replaced, with a note saying so (``replaced``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import socket
 import zlib
 from typing import Callable, Mapping
+
+from sprite.errors import one_line
 
 # Derived ports stay inside [PORT_BASE, PORT_BASE + PORT_SPAN): above the registered well-known services most
 # sites run, and below Linux's default ephemeral range (32768-60999), so a derived port never collides with an
@@ -29,18 +33,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def master_addr(environ: Mapping[str, str], hosts: tuple[str, ...]) -> str:
-    """MASTER_ADDR if set, else the first host of the allocation."""
-    return environ.get("MASTER_ADDR") or hosts[0]
-
-
-def master_port(environ: Mapping[str, str], job_id: str, explicit: int | None,
-                pick_free: Callable[[], int] = free_port) -> int:
-    """The rendezvous port: ``explicit``, else MASTER_PORT, else derived from ``job_id``, else a free port."""
+def master_port(job_id: str, explicit: int | None, pick_free: Callable[[], int] = free_port) -> int:
+    """The rendezvous port: ``explicit``, else derived from ``job_id``, else a free port."""
     if explicit:
         return explicit
-    if environ.get("MASTER_PORT", "").isdigit():
-        return int(environ["MASTER_PORT"])
     if job_id:
         return port_from_job_id(job_id)
     return pick_free()
+
+
+def replaced(environ: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+    """Notes for each MASTER_ADDR / MASTER_PORT of ``environ`` that the plan's ``env`` replaces."""
+    return [f"note: {name}={one_line(environ[name], 80)} from the environment is replaced by {env[name]}; sprite "
+            "plans the rendezvous for the hosts it launches (choose the port with --master-port)."
+            for name in ("MASTER_ADDR", "MASTER_PORT") if environ.get(name) and environ[name] != env.get(name)]

@@ -1,25 +1,28 @@
 """SchedulerBlock: the validated ``scheduler:`` block of a job spec, merged over the site profile's ``submit:``.
 
-The site's ``queues:`` table (queue name -> min_nodes, max_nodes, max_walltime) lets sprite refuse what the
-site would refuse at qsub/sbatch time. Every rejection names the file, line and key it comes from.
+What the site and the batch system accept of it (queue limits, node limits, signal lead, options sprite writes
+itself) is checked by ``sprite.block_limits``. Every rejection names the file, line and key it comes from.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
-from sprite import schedulers
+from sprite import block_limits, schedulers
+from sprite import scheduler_values as sv
 from sprite import values as v
+from sprite.errors import one_line
 from sprite.yamldoc import YamlDoc
 
 # Keys every batch system understands; each scheduler module adds its own (``Scheduler.block_checks``).
 COMMON: dict[str, Callable] = {
-    "account": v.token, "queue": v.name, "walltime": v.walltime, "nodes": v.count, "job_name": v.name,
-    "output_dir": v.token, "dependency": v.dependency, "preempt_signal": v.preempt_signal, "requeue": v.flag,
-    "extra": v.directives, "setup": v.setup, "python": v.token,
+    "account": sv.token, "queue": sv.name, "walltime": sv.walltime, "nodes": v.nodes, "job_name": sv.name,
+    "output_dir": sv.token, "dependency": sv.dependency, "preempt_signal": sv.preempt_signal, "requeue": v.flag,
+    "extra": sv.directives, "setup": sv.setup, "python": sv.program,
 }
 
 
@@ -31,8 +34,9 @@ def checks() -> dict[str, Callable]:
 def owners() -> dict[str, str]:
     """The keys only one batch system understands (filesystems -> pbs), as each scheduler module declares them."""
     return {key: s.name for s in schedulers.batch() for key in s.block_checks}
+
+
 NOT_IN_SITE = ("output_dir", "dependency", "job_name")  # per job, never a site default
-QUEUE_KEYS = {"min_nodes": v.count, "max_nodes": v.count, "max_walltime": v.walltime}
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class SchedulerBlock:
     walltime: str
     job_name: str
     output_dir: str
+    stem: str = ""  # the file name of its script and log without suffix; each submission takes a new one
     account: str | None = None
     queue: str | None = None
     dependency: tuple = ()
@@ -84,42 +89,6 @@ def check_block(doc: YamlDoc, section: tuple, kind: str | None, site: bool = Fal
     return out
 
 
-def check_queues(doc: YamlDoc, section: tuple = ("queues",)) -> dict:
-    """A site's queue table: {queue: {min_nodes, max_nodes, max_walltime}}. Raises SpecError for bad entries."""
-    table = doc.data.get(section[0]) or {}
-    if not isinstance(table, dict):
-        raise doc.error(section, f"{table!r} is not a mapping of queue names.", "queue: {max_nodes: N, ...}")
-    out = {}
-    for queue, limits in table.items():
-        complain_for = doc.complainer((*section, str(queue)))
-        v.name(queue, doc.complainer(section)(str(queue)))
-        if not isinstance(limits, dict):
-            raise doc.error((*section, str(queue)), "is not a mapping of limits.", ", ".join(QUEUE_KEYS))
-        for key in limits:
-            if key not in QUEUE_KEYS:
-                raise complain_for(key)("is not a queue limit.", ", ".join(QUEUE_KEYS))
-        out[str(queue)] = {key: QUEUE_KEYS[key](value, complain_for(key)) for key, value in limits.items()}
-    return out
-
-
-def _check_queue(block: dict, queues: dict, complain_for: Callable) -> None:
-    queue = block.get("queue")
-    if not queues or queue is None:
-        return
-    if queue not in queues:
-        raise complain_for("queue")(f"'{queue}' is not a queue of this site.", ", ".join(queues))
-    limits, nodes = queues[queue], block["nodes"]
-    if nodes > limits.get("max_nodes", nodes) or nodes < limits.get("min_nodes", 1):
-        raise complain_for("nodes")(
-            f"{nodes} node(s) is outside the '{queue}' queue's {limits.get('min_nodes', 1)}-"
-            f"{limits.get('max_nodes', 'any')} nodes; the scheduler would refuse the job.",
-            "a node count within the queue's limits, or another queue: " + ", ".join(queues))
-    top = limits.get("max_walltime")
-    if top and v.seconds(block["walltime"]) > v.seconds(top):
-        raise complain_for("walltime")(f"{block['walltime']} is longer than the '{queue}' queue allows ({top}).",
-                                          f"at most {top}, or another queue: " + ", ".join(queues))
-
-
 def resolve(kind: str, doc: YamlDoc, site, job, cwd: str) -> SchedulerBlock:
     """Merge the site's ``submit:`` defaults and the spec's ``scheduler:`` block into a SchedulerBlock.
 
@@ -143,11 +112,31 @@ def resolve(kind: str, doc: YamlDoc, site, job, cwd: str) -> SchedulerBlock:
     if "walltime" not in block:
         raise complain_for("walltime")("is missing, and the site profile gives no default.",
                                           'a walltime such as "00:30:00"')
-    _check_queue(block, site.queues, complain_for)
-    spec_dir = Path(doc.source).resolve().parent
-    block["output_dir"] = str(spec_dir / given["output_dir"]) if "output_dir" in given else str(
-        Path(cwd) / "sprite-jobs")
-    block.setdefault("job_name", re.sub(r"[^A-Za-z0-9_.-]", "-", Path(doc.source).name.split(".")[0]) or "sprite")
+    block_limits.check(block, site, schedulers.get(kind), given, complain_for)
+    block_limits.check_queue(block, site.queues, complain_for)
+    block["output_dir"] = _output_dir(given, doc, cwd, complain_for)
+    default_name = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(doc.source).name.split(".")[0])[:64].lstrip(".-")
+    block.setdefault("job_name", default_name or "sprite")
+    block["stem"] = block["job_name"]
     known = {f.name for f in fields(SchedulerBlock)}
     options = {key: value for key, value in block.items() if key not in known}
     return SchedulerBlock(kind=kind, options=options, **{key: value for key, value in block.items() if key in known})
+
+
+def _output_dir(given: dict, doc: YamlDoc, cwd: str, complain_for: Callable) -> str:
+    """The absolute output folder: the spec's output_dir (relative to the spec file) or ./sprite-jobs.
+
+    Raises SpecError when the path cannot be written into a directive (a space in the current folder's path).
+    """
+    if "output_dir" in given:
+        folder = os.path.join(os.path.dirname(os.path.abspath(doc.source)), given["output_dir"])
+    else:
+        folder = os.path.join(cwd, "sprite-jobs")
+    folder = os.path.normpath(folder)
+    if not sv.TOKEN.fullmatch(folder):
+        raise complain_for("output_dir")(
+            f"the job's output folder {one_line(folder, 200)!r} (logs and the script) "
+            f"{'' if 'output_dir' in given else 'is the default, ./sprite-jobs, and '}holds a space or other "
+            "character a #PBS/#SBATCH directive cannot hold.",
+            f"scheduler.output_dir set to a path of {sv.TOKEN_ALLOWED}")
+    return folder

@@ -10,16 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Mapping
 
-from sprite import scheduler_block, schedulers, secret_env
+from sprite import block_limits, scheduler_block, schedulers, secret_env
+from sprite import scheduler_values as sv
 from sprite import spec as specmod
-from sprite import values, yamldoc
-from sprite.errors import UsageError
+from sprite import values as v
+from sprite import yamldoc
+from sprite.errors import SpecError, UsageError, one_line, show
 
 PROFILE_KEYS = (
-    "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "job", "submit", "queues",
-    "secret_patterns",
+    "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "limits", "job", "submit",
+    "queues", "secret_patterns",
 )
+SCALARS = {"name": sv.name, "description": v.string,
+           "scheduler": lambda value, complain: v.choice(schedulers.names())(value, complain),  # the registry now
+           "mpi": v.choice(specmod.MPI_FLAVOURS[1:]), "cpu_bind": sv.token, "depth": v.per_node,
+           "cpus_per_task": v.per_node, "secret_patterns": v.text_list}
+# Site facts that bound a job: nodes of the machine, ranks a node can hold (its hardware threads).
+LIMITS = {"max_nodes": v.nodes, "max_ranks_per_node": v.ranks_per_node}
 
 
 @dataclass(frozen=True)
@@ -33,11 +42,13 @@ class SiteProfile:
     cpu_bind: str | None = None
     depth: int | None = None
     cpus_per_task: int | None = None
+    limits: dict = field(default_factory=dict)
     job: dict = field(default_factory=dict)
     submit: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)
     secret_patterns: tuple[str, ...] = secret_env.DEFAULT_PATTERNS
     source: str = ""
+    origins: dict = field(default_factory=dict, compare=False, repr=False)  # job: key -> "file:line: key 'job.k'"
 
 
 def available() -> list[str]:
@@ -49,10 +60,10 @@ def available() -> list[str]:
 def _locate(name: str) -> Path:
     if name.endswith((".yaml", ".yml")) or "/" in name:
         return Path(name)
-    path = resources.files("sprite.conf") / f"{name}.yaml"
-    if not path.is_file():
+    path = resources.files("sprite.conf") / f"{name}.yaml" if sv.NAME.fullmatch(name) and len(name) <= 64 else None
+    if path is None or not path.is_file():
         raise UsageError(
-            f"Unknown site '{name}'.",
+            f"Unknown site {show(name)}.",
             "Site names are the profiles shipped in sprite's conf/ folder.",
             f"Use one of: {', '.join(available())}; or pass a path to your own profile YAML.",
         )
@@ -62,22 +73,54 @@ def _locate(name: str) -> Path:
 def load(name: str) -> SiteProfile:
     """Load and validate the profile ``name`` (a shipped name or a path). Raises UsageError / SpecError."""
     doc = yamldoc.load(_locate(name))
-    for key in doc.data:
+    data = {}
+    for key, value in doc.data.items():
         if key not in PROFILE_KEYS:
             raise doc.error((key,), "is not a site profile key.", ", ".join(PROFILE_KEYS))
-    data = dict(doc.data)
-    if data.get("scheduler", "none") not in schedulers.names():
-        raise doc.error(("scheduler",), f"{data['scheduler']!r} is not a known scheduler.",
-                        ", ".join(schedulers.names()))
-    if data.get("mpi", "hydra") not in specmod.MPI_FLAVOURS[1:]:
-        raise doc.error(("mpi",), f"{data['mpi']!r} is not a known MPI flavour.", ", ".join(specmod.MPI_FLAVOURS[1:]))
-    data["job"] = specmod.from_document(doc, ("job",)) if "job" in data else {}
+        if key in SCALARS and value is not None:
+            data[key] = SCALARS[key](value, doc.complainer()(key))
+    data["limits"] = {}
+    for key, value in doc.mapping(("limits",)).items():
+        if key not in LIMITS:
+            raise doc.error(("limits", key), "is not a site limit.", ", ".join(LIMITS))
+        data["limits"][key] = LIMITS[key](value, doc.complainer(("limits",))(key))
+    data["job"] = specmod.from_document(doc, ("job",))
+    origins = specmod.origins(doc, data["job"], ("job",))
     # submit: job-script defaults (scheduler_block.checks() keys); queues: {name: {min_nodes, max_nodes, max_walltime}}
     kind = data.get("scheduler", "none")
     kind = kind if schedulers.get(kind).submit_program else None
     data["submit"] = scheduler_block.check_block(doc, ("submit",), kind, site=True)
-    data["queues"] = scheduler_block.check_queues(doc)
-    if "secret_patterns" in data:
-        data["secret_patterns"] = values.string_list(data["secret_patterns"], doc.complainer(())("secret_patterns"))
+    data["queues"] = block_limits.check_queues(doc)
     data.setdefault("name", Path(doc.source).stem)
-    return SiteProfile(**data, source=doc.source)
+    return SiteProfile(**data, source=doc.source, origins=origins)
+
+
+def choose(flag_layer: dict, file_layer: dict, doc, environ: Mapping[str, str]) -> SiteProfile:
+    """The profile named by --site, else the spec's site: (in ``doc``), else $SPRITE_SITE, else local.
+
+    Raises SpecError naming the spec's line when its site: is unknown, UsageError otherwise.
+    """
+    name = flag_layer.get("site") or file_layer.get("site") or environ.get("SPRITE_SITE") or "local"
+    try:
+        return load(name)
+    except SpecError:
+        raise  # a fault inside the profile: it names the profile's own file and line
+    except UsageError as err:
+        if "site" in flag_layer:
+            raise UsageError(f"Option --site: {err.what}", err.cause, err.fix) from None
+        if "site" in file_layer:
+            raise doc.error(("site",), str(err)) from None
+        raise UsageError(f"SPRITE_SITE={one_line(name, 100)}: {err.what}", err.cause, err.fix) from None
+
+
+def check_limits(job, site: SiteProfile) -> None:
+    """Refuse a JobSpec asking for more nodes or ranks per node than the site's ``limits:`` allow.
+
+    Raises UsageError naming where the value was written and the profile's limit.
+    """
+    for key, limit in (("nodes", "max_nodes"), ("devices", "max_ranks_per_node")):
+        value, top = getattr(job, key), site.limits.get(limit)
+        if value and top and value > top:
+            raise UsageError(f"{job.blame(key)} is more than {site.name} allows ({limit}: {top}).",
+                             f"The site profile {site.source} records {top} as the machine's limit.",
+                             f"Ask for at most {top}.")

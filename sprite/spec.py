@@ -6,13 +6,15 @@ where it was written, so a rejection names its file and line (or its flag) and w
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from sprite import contract
+from sprite import env_values as ev
 from sprite import values as v
-from sprite.errors import Complain, UsageError
+from sprite.errors import Complain, UsageError, one_line, show
 from sprite.yamldoc import YamlDoc
 
 ACCELERATORS = contract.ACCELERATORS
@@ -51,19 +53,32 @@ class JobSpec:
     save_timeout: float | None = None  # the allowance for one checkpoint save
     retries: int = 0  # relaunches after a failure
     spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
+    preempt_signal: str | None = None  # USR1 | USR2 | none (contract.PREEMPT_SIGNAL); None: preemption.DEFAULT
+    requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
+    # Where each value was written ("job.yaml:3: key 'nodes'", "--nodes"), so a later refusal can name it.
+    origins: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def blame(self, key: str) -> str:
+        """Where ``key``'s value came from, with the value: ``--nodes 3`` or ``job.yaml:3: key 'nodes' = 3``."""
+        value = getattr(self, key)
+        shown = ",".join(value) if isinstance(value, tuple) else show(value) if not isinstance(value, (str, int)) \
+            else str(value)
+        origin = self.origins.get(key)
+        return f"{origin} = {one_line(shown, 200)}" if origin else f"--{key.replace('_', '-')} {one_line(shown, 200)}"
 
 
-FIELD_NAMES = tuple(f.name for f in fields(JobSpec))
+FIELD_NAMES = tuple(f.name for f in fields(JobSpec) if f.name != "origins")
 
 
 CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
-    "script": v.string, "args": v.string_list, "nodes": v.positive_int, "devices": v.positive_int,
+    "script": v.string, "args": v.arguments, "nodes": v.nodes, "devices": v.ranks_per_node,
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
-    "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": v.env,
-    "pass_env": v.env_names, "secrets": v.env_names, "exclude": v.string_list, "master_port": v.port,
+    "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": ev.env,
+    "pass_env": ev.env_names, "secrets": ev.env_names, "exclude": v.hosts, "master_port": v.port,
     "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
     "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
+    "preempt_signal": v.signal_name, "requeue": v.flag,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 
@@ -90,8 +105,22 @@ def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     checked = check_values(doc.mapping(section), doc.complainer(section))
     for key in ("script", "resume"):
         if key in checked and (key == "script" or checked[key] not in contract.RESUME_MODES):
-            checked[key] = str((Path(doc.source).parent / checked[key]).resolve())
+            checked[key] = absolute(Path(doc.source).parent / checked[key])
     return checked
+
+
+def origins(doc: YamlDoc, layer: dict, section: tuple[str, ...] = ()) -> dict:
+    """``{key: "file:line: key 'section.key'"}`` for every key of a validated ``layer`` read from ``doc``."""
+    return {key: doc.where((*section, key)) for key in layer}
+
+
+def absolute(path) -> str:
+    """``path`` made absolute, symlinks resolved where that works (a symlink loop or an overlong name keeps the
+    path as written, made absolute, so the refusal that follows names it)."""
+    try:
+        return str(Path(path).resolve())
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop on Python < 3.13
+        return os.path.abspath(path)
 
 
 def from_flags(flags: dict) -> dict:
@@ -119,3 +148,19 @@ def merge(*layers: dict) -> JobSpec:
                 changes[key] = tuple(dict.fromkeys((*getattr(spec, key), *changes[key])))
         spec = replace(spec, **changes)
     return spec
+
+
+def check_script(job: JobSpec, doc=None) -> None:
+    """Raise UsageError (SpecError when the spec file set it) unless the job's script names an existing file."""
+    if not job.script:
+        if doc is not None:
+            raise doc.error(("script",), "is missing: no training script given.", "script: path/to/train.py")
+        raise UsageError("No training script given.", "",
+                         "Pass SCRIPT after sprite's options, or set script: in --spec.")
+    if not os.path.isfile(job.script):
+        where = f"{job.origins['script']}: " if "script" in job.origins else ""
+        raise UsageError(
+            f"{where}The training script {one_line(job.script, 300)} does not exist.",
+            "The path is misspelled or relative to another folder (spec paths are relative to the spec file).",
+            "Pass the path of an existing Python file.",
+        )

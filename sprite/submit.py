@@ -1,23 +1,25 @@
 """sprite qsub / sbatch / status / cancel: turn a spec into a job script, hand it to the scheduler, ask about it.
 
-The only effects are here: writing the script into the output directory and running the scheduler's client
-commands (the scheduler module names them) as argument lists, never through a shell. The script is created 0600
-(its folder 0700 when sprite creates it) and holds no secret's value: the submit command gets those through its
-environment and runs with umask 077, the default job umask of PBS Pro, so the job's log is owner-only too.
+A submission is planned in full before anything is written: the spec and the site are checked, and the launch
+that ``sprite run`` will make inside the job is planned for the requested allocation (nodes and ranks per node of
+the scheduler block, the exclude list, the strategy), so a job that cannot launch is refused here, not after
+waiting in the queue. The only effects are ``sprite.jobfiles`` (a new script name per submission, the script
+0600 and its folder 0700 when sprite creates it) and ``sprite.clients`` (the scheduler's commands, with a
+deadline; ``sprite status`` and ``sprite cancel`` live there). The script holds no secret's value: the submit command gets those through its environment and runs
+with umask 077, the default job umask of PBS Pro, so the job's log is owner-only too.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from pathlib import Path
 
-from sprite import integrity, jobscript, owner_only, plan, scheduler_block, schedulers, secret_env, sites, spec, yamldoc
-from sprite.errors import UsageError
+from sprite import allocation, clients, jobfiles, jobscript, plan, scheduler_block, schedulers, secret_env, spec
+from sprite import yamldoc
+from sprite.errors import UsageError, show
+from sprite.scheduler_block import SchedulerBlock
 from sprite.schedulers.base import Scheduler
 
 
@@ -34,9 +36,16 @@ class Prepared:
     text: str
     script_path: str
     log_path: str
+    block: SchedulerBlock | None = None
+    body: tuple = ()  # (run argv, ranks per node, spec path, working folder, export lines): for render
     pass_env: tuple = ()
     secrets: tuple = ()
     literals: dict = field(default_factory=dict, repr=False)
+
+    def restem(self, stem: str) -> "Prepared":
+        """The same job under the file name stem ``stem`` (its script and log paths change, nothing else)."""
+        again = _render(self.kind, replace(self.block, stem=stem), *self.body)
+        return replace(again, pass_env=self.pass_env, secrets=self.secrets, literals=self.literals)
 
 
 def locate_spec(name: str) -> str:
@@ -44,16 +53,41 @@ def locate_spec(name: str) -> str:
     if os.path.exists(name):
         return name
     for candidate in (name, f"{name}.job.yaml"):
-        shipped = resources.files("sprite.conf") / candidate
-        if "/" not in candidate and shipped.is_file():
+        shipped = resources.files("sprite.conf") / candidate if _shippable(candidate) else None
+        if shipped is not None and shipped.is_file():
             return str(shipped)
     shipped = sorted(p.name for p in resources.files("sprite.conf").iterdir() if p.name.endswith(".job.yaml"))
-    raise UsageError(f"The job spec {name} does not exist.", "The path is misspelled or relative to another folder.",
-                     f"Pass a spec YAML file, or one of the shipped examples: {', '.join(shipped)}.")
+    raise UsageError(f"The job spec {show(name)} does not exist.", "The path is misspelled or relative to another "
+                     "folder.", f"Pass a spec YAML file, or one of the shipped examples: {', '.join(shipped)}.")
+
+
+def _shippable(name: str) -> bool:
+    """True when ``name`` could be a shipped file's name (no folder, not overlong)."""
+    return "/" not in name and 0 < len(name) <= 100
+
+
+def _script_path(block: SchedulerBlock, scheduler: Scheduler) -> str:
+    return os.path.join(block.output_dir, block.stem + scheduler.script_suffix)
+
+
+def _render(kind: str, block: SchedulerBlock, argv, devices, spec_path, cwd, exports) -> Prepared:
+    scheduler = schedulers.get(kind)
+    script = _script_path(block, scheduler)
+    text = jobscript.render(block, argv, devices, spec_path, cwd, exports, script)
+    return Prepared(kind, text, script, scheduler.log_path(block), block,
+                    (argv, devices, spec_path, cwd, exports))
+
+
+def _plan_launch(job, site, scheduler: Scheduler, block: SchedulerBlock, devices: int, python: str) -> None:
+    """Plan the job's launch in the allocation its script requests. Raises UsageError when it cannot launch."""
+    excluded = allocation.unique(host for item in job.exclude for host in allocation.expand_hosts(item))
+    hosts = (*excluded, *(f"planned-node-{n}" for n in range(1, block.nodes + 1)))[:block.nodes]
+    plan.plan_in(job, site, scheduler.requested_allocation(hosts, devices), python)
 
 
 def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_secrets: bool = False) -> Prepared:
-    """Validate the spec for the batch system ``kind`` and render its script.
+    """Validate the spec for the batch system ``kind``, plan its launch and render its script (for the first
+    free file name). Writes nothing.
 
     Raises UsageError / SpecError (a secret with a literal value unless ``allow_literal_secrets``).
     """
@@ -66,85 +100,57 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     if site_scheduler.submit_program and site_scheduler is not scheduler:
         raise UsageError(f"The site {site.name} schedules jobs with {site.scheduler.upper()}, not {kind.upper()}.",
                          f"sprite {scheduler.submit_program} was used with a spec for {site.name}.",
-                         f"Use sprite {site_scheduler.submit_program} {spec_name}, or set site: to a {kind.upper()} "
-                         "site.")
+                         f"Use sprite {site_scheduler.submit_program} {show(spec_name)}, or set site: to a "
+                         f"{kind.upper()} site.")
     file_layer = spec.from_document(doc)
     secret = secret_env.names(job, site)
     literals = {name: value for name, value in file_layer.get("env", {}).items() if name in secret}
     passed = tuple(dict.fromkeys((*literals, *job.pass_env, *job.secrets)))
     block = replace(scheduler_block.resolve(kind, doc, site, job, cwd), pass_env=passed)
-    argv = jobscript.run_argv(block.python or sys.executable, site, file_layer, job)
+    python = block.python or sys.executable
     devices = jobscript.ranks_per_node(job, site)
-    text = jobscript.render(block, argv, devices, str(Path(spec_file).resolve()), cwd,
-                            jobscript.exports(file_layer, secret))
-    script = os.path.join(block.output_dir, block.job_name + scheduler.script_suffix)
-    return Prepared(kind, text, script, scheduler.log_path(block), passed, job.secrets, literals)
+    _plan_launch(job, site, scheduler, block, devices, python)
+    argv = jobscript.run_argv(python, site, file_layer, job, block)
+    body = (argv, devices, spec.absolute(spec_file), cwd, jobscript.exports(file_layer, secret))
+    stem = jobfiles.free_stem(block.job_name, lambda s: _paths(replace(block, stem=s), scheduler))
+    prepared = _render(kind, replace(block, stem=stem), *body)
+    return replace(prepared, pass_env=passed, secrets=job.secrets, literals=literals)
 
 
-def program(name: str, scheduler: Scheduler) -> str:
-    """The full path of the scheduler command ``name``. Raises UsageError when it is not on PATH."""
-    found = shutil.which(name)
-    if not found:
-        raise UsageError(f"The {scheduler.name.upper()} command '{name}' is not on PATH.",
-                         f"{scheduler.client_hint}; this machine has none.",
-                         "Run this on the site's login node, or use --dry-run to print the job script.")
-    return found
+def _paths(block: SchedulerBlock, scheduler: Scheduler) -> tuple[str, str]:
+    return _script_path(block, scheduler), scheduler.log_path(block)
 
 
-def _run(argv: list[str], what: str | None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run a client command; when ``what`` is given, raise UsageError naming it if the command fails.
+def submit(prepared: Prepared) -> tuple[str, Prepared]:
+    """Write the script under a new name and submit it; return the job id and what was submitted.
 
-    ``env`` (the submit command's) also sets umask 077, so what the job's system writes for it is owner-only.
-    """
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, umask=0o077 if env is not None else -1)
-    if what is not None and done.returncode != 0:
-        detail = (done.stderr or done.stdout).strip().splitlines()
-        raise UsageError(f"{what} failed (exit {done.returncode}): {detail[-1] if detail else 'no output'}.",
-                         "The scheduler refused the request or is not reachable from here.",
-                         "Fix what its message names (the spec or the job id), or run this on the site's login node.")
-    return done
-
-
-def submit(prepared: Prepared) -> str:
-    """Write the script (0600) and submit it; return the job id.
-
-    Raises UsageError (missing command, a variable to pass that this environment does not set, refused job);
-    IntegrityError when the script's name exists already.
+    A refused submission removes the script and the folders it created, so the user's files are as they were.
+    Raises UsageError (missing command, a variable to pass that this environment does not set, unusable output
+    folder, refused job), ClientTimeout (kept script: the job may exist).
     """
     scheduler = schedulers.get(prepared.kind)
-    command = program(scheduler.submit_program, scheduler)
+    command = clients.program(scheduler.submit_program, scheduler)
     secret_env.missing([n for n in prepared.pass_env if n not in prepared.literals], os.environ, prepared.secrets)
-    owner_only.make_dirs(os.path.dirname(prepared.script_path))
-    integrity.write_new(prepared.script_path, prepared.text.encode())
-    argv = scheduler.submit_argv(command, prepared.script_path, prepared.log_path)
-    env = {**os.environ, **prepared.literals}
-    job_id = scheduler.parse_job_id(_run(argv, f"{scheduler.submit_program} {prepared.script_path}", env).stdout)
-    if not job_id:
-        raise UsageError(f"{argv[0]} printed no job id.", "The scheduler accepted nothing.", "Check its queue.")
-    return job_id
-
-
-def pick(name: str | None, site_name: str | None) -> Scheduler:
-    """The batch system to ask: the flag, else the site's, else whichever client is on PATH."""
-    if name:
-        return schedulers.get(name)
-    site_scheduler = schedulers.get(sites.load(site_name).scheduler) if site_name else None
-    if site_scheduler is not None and site_scheduler.submit_program:
-        return site_scheduler
-    for scheduler in schedulers.by_client_probe():
-        if shutil.which(scheduler.status_program):
-            return scheduler
-    clients = " nor ".join(f"{s.status_program} ({s.label})" for s in schedulers.by_client_probe())
-    raise UsageError(f"Neither {clients} is on PATH.", "This machine has no scheduler client.",
-                     "Run this on a login node of the site that runs the job, or pass --scheduler.")
-
-
-def status(job_id: str, scheduler: Scheduler) -> str:
-    """The scheduler's view of ``job_id``. Raises UsageError when the command is missing or knows no such job."""
-    return scheduler.status(job_id, _run, lambda name: program(name, scheduler))
-
-
-def cancel(job_id: str, scheduler: Scheduler) -> None:
-    """Cancel ``job_id``. Raises UsageError when the command is missing or refuses."""
-    argv = scheduler.cancel_argv(job_id, lambda name: program(name, scheduler))
-    _run(argv, f"{Path(argv[0]).name} {job_id}")
+    written = jobfiles.Written()
+    jobfiles.output_folder(prepared.block.output_dir, written)
+    try:
+        while not jobfiles.write_script(prepared.script_path, prepared.text, written):
+            block = prepared.block
+            prepared = prepared.restem(jobfiles.free_stem(block.job_name, lambda s: _paths(replace(block, stem=s),
+                                                                                             scheduler)))
+        argv = scheduler.submit_argv(command, prepared.script_path, prepared.log_path)
+        env = {**os.environ, **prepared.literals}  # with umask 077 (clients.call): the job's log is owner-only
+        done = clients.run(argv, f"{scheduler.submit_program} {prepared.script_path}", env)
+    except clients.ClientTimeout as err:
+        raise clients.ClientTimeout(f"{err.what} The job may have been submitted all the same: check the queue "
+                                    f"before submitting again (the script stays at {prepared.script_path}).",
+                                    err.cause, err.fix) from None
+    except BaseException:
+        written.undo()
+        raise
+    job_id = scheduler.parse_job_id(done.stdout)
+    if not allocation.JOB_ID.fullmatch(job_id):
+        raise UsageError(f"{argv[0]} printed no job id (its output: {show(done.stdout[-200:])}).",
+                         "The scheduler accepted nothing, or printed something sprite cannot read.",
+                         f"Check its queue; the script stays at {prepared.script_path}.")
+    return job_id, prepared

@@ -2,11 +2,10 @@
 
     python -m sprite.supervisor --nproc 2 [--log-dir DIR] -- python -m sprite.runtime train.py
 
-Each rank gets RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (WORLD_SIZE and the rendezvous come from the
-plan's environment). Output lines are prefixed ``[rank N]``. When a rank fails, the others are stopped
-(SIGTERM, then SIGKILL after a grace period) and the supervisor exits with the failed rank's code.
-SIGINT/SIGTERM sent to the supervisor are forwarded to every rank, which are then stopped; SIGUSR1/SIGUSR2
-are passed on to every rank and the ranks keep running.
+Each rank gets RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (WORLD_SIZE and the rendezvous from the plan's
+environment); output lines are prefixed ``[rank N]``. When a rank fails, the others are stopped (SIGTERM, SIGKILL
+after a grace period) and the supervisor exits with its code; exit 75 (stopped for preemption) is no failure: the
+others get PREEMPT_WAIT s to do the same. SIGINT/SIGTERM stop every rank; SIGUSR1/SIGUSR2 are passed on.
 """
 
 from __future__ import annotations
@@ -23,8 +22,10 @@ import time
 from pathlib import Path
 
 from sprite import owner_only
+from sprite.errors import EXIT_PREEMPTED
 
 GRACE_SECONDS = 5.0
+PREEMPT_WAIT = 60.0  # seconds the others get after one rank stopped for preemption (they leave together)
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
 
@@ -92,6 +93,7 @@ def stop_all(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: fl
 
 def forward(procs: list[subprocess.Popen], sig: int) -> None:
     """Send ``sig`` to every live rank process (not its group: a data loader worker has no handler for it)."""
+    print(f"sprite: passing {signal.Signals(sig).name} on to every rank.", file=sys.stderr, flush=True)
     for proc in procs:
         if proc.poll() is None:
             try:
@@ -101,8 +103,9 @@ def forward(procs: list[subprocess.Popen], sig: int) -> None:
 
 
 def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
-    """Wait until every rank exits 0 (return 0), one fails, or SIGINT/SIGTERM arrives; return the exit code.
-    SIGUSR1/SIGUSR2 (a scheduler's warning before preemption) are passed to every rank, which keep running."""
+    """Wait until every rank exits 0 (return 0) or 75 (return 75), one fails, or SIGINT/SIGTERM arrives; return
+    the exit code. SIGUSR1/SIGUSR2 (a scheduler's warning before preemption) are passed on to every rank."""
+    preempted_at = None
     while True:
         while received and received[0] in PASSED_ON:
             forward(procs, received.pop(0))
@@ -110,14 +113,20 @@ def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
             stop_all(procs, received[0])
             return 128 + received[0]
         codes = [proc.poll() for proc in procs]
-        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0, EXIT_PREEMPTED)]
         if failed:
             rank, code = failed[0]
             print(f"sprite: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
             stop_all(procs)
             return code if code > 0 else 128 - code
-        if all(code == 0 for code in codes):
-            return 0
+        if None not in codes:
+            return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
+        if EXIT_PREEMPTED in codes:
+            preempted_at = preempted_at or time.monotonic()
+            if time.monotonic() - preempted_at > PREEMPT_WAIT:
+                print(f"sprite: ranks ran on {PREEMPT_WAIT:.0f} s after one stopped for preemption.", file=sys.stderr)
+                stop_all(procs)
+                return EXIT_PREEMPTED
         time.sleep(0.1)
 
 

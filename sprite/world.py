@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sprite import allocation as allocmod
 from sprite import schedulers
 from sprite.allocation import Allocation
-from sprite.errors import UsageError
+from sprite.errors import UsageError, preview
 from sprite.sites import SiteProfile
 from sprite.spec import JobSpec
 
@@ -43,7 +43,8 @@ def _launcher(spec: JobSpec, alloc: Allocation) -> str:
     owner = next((s for s in schedulers.REGISTRY.values() if launcher in s.own_launchers), scheduler)
     if owner is not scheduler:
         raise UsageError(
-            f"--launcher {launcher} needs a {owner.label} allocation, and this run is not inside one.",
+            f"{spec.blame('launcher') if spec.launcher != 'auto' else '--launcher ' + launcher} needs a "
+            f"{owner.label} allocation, and this run is not inside one.",
             f"sprite run was started on a login node or outside a {owner.label} job.",
             f"Run inside a {owner.label} job (or use sprite {owner.submit_program}), or choose --launcher "
             "local for this machine.",
@@ -56,22 +57,22 @@ def _nodes(spec: JobSpec, alloc: Allocation, launcher: str) -> int:
     nodes = spec.nodes or (available - spec.spare_nodes if launcher != "local" else 1)
     if spec.spare_nodes and (nodes < 1 or nodes + spec.spare_nodes > available):
         raise UsageError(
-            f"--spare-nodes {spec.spare_nodes} leaves {max(available - spec.spare_nodes, 0)} of the {available} "
+            f"{spec.blame('spare_nodes')} leaves {max(available - spec.spare_nodes, 0)} of the {available} "
             f"allocated node(s) for a launch of {nodes}.",
             "Spare nodes are hosts of the allocation kept out of the first launch.",
             f"Use --spare-nodes {max(available - max(nodes, 1), 0)} or fewer, or ask the scheduler for more nodes.",
         )
     if nodes > available:
-        where = f"the {alloc.scheduler.upper()} allocation {alloc.job_id}" if alloc.job_id else "this machine"
         raise UsageError(
-            f"--nodes {nodes} asks for more nodes than {where} has ({available}: {', '.join(alloc.hosts[:4])}"
-            f"{', ...' if available > 4 else ''}).",
+            f"{spec.blame('nodes')} asks for more nodes than {alloc.describe()} has ({available}: "
+            f"{preview(alloc.hosts)}).",
             "The job was granted fewer nodes than the run asks for, or --exclude removed some.",
             f"Use --nodes {available} or fewer, or request more nodes from the scheduler.",
         )
     if nodes > 1 and launcher == "local":
         raise UsageError(
-            f"--launcher local starts ranks on this machine only, but --nodes is {nodes}.",
+            f"--launcher local starts ranks on this machine only, but {spec.blame('nodes')}." if spec.nodes
+            else f"--launcher local starts ranks on this machine only, but --nodes is {nodes}.",
             "local is sprite's single-machine supervisor.",
             "Use --launcher mpiexec, srun or torchrun inside an allocation, or --nodes 1.",
         )
@@ -87,8 +88,8 @@ def _devices(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> int:
     devices = ranks_per_node(spec.devices, site, alloc.tasks_per_node)
     if alloc.tasks_per_node and devices > alloc.tasks_per_node:
         raise UsageError(
-            f"--devices {devices} asks for more ranks per node than the Slurm allocation grants "
-            f"(SLURM_NTASKS_PER_NODE={alloc.tasks_per_node}).",
+            f"{spec.blame('devices') if spec.devices else f'--devices {devices}'} asks for more ranks per node "
+            f"than {alloc.describe()} grants (SLURM_NTASKS_PER_NODE={alloc.tasks_per_node}).",
             "The allocation was requested with fewer tasks per node.",
             f"Use --devices {alloc.tasks_per_node} or fewer, or request --ntasks-per-node={devices}.",
         )
@@ -105,16 +106,17 @@ def resolve(spec: JobSpec, site: SiteProfile, alloc: Allocation) -> World:
     """The world ``spec`` launches on ``alloc``. Raises UsageError for a request the allocation cannot hold."""
     granted = alloc
     if spec.exclude:
-        if alloc.scheduler == "none":
-            raise UsageError("--exclude needs a PBS or Slurm allocation; this run has none.", "",
-                             "Drop --exclude for runs on this machine.")
-        alloc = allocmod.exclude(alloc, spec.exclude)
+        if alloc.scheduler == schedulers.NONE.name:
+            raise UsageError(f"{spec.blame('exclude')} needs a PBS or Slurm allocation; this run has none.",
+                             "", "Drop --exclude for runs on this machine.")
+        alloc = allocmod.exclude(alloc, spec.exclude, spec.origins.get("exclude", "--exclude"))
     launcher = _launcher(spec, alloc)
     nodes = _nodes(spec, alloc, launcher)
     devices = _devices(spec, site, alloc)
     if spec.strategy == "single" and nodes * devices > 1:
         raise UsageError(
-            f"--strategy single runs one rank, but the launch asks for {nodes} node(s) x {devices} device(s).",
+            f"{spec.blame('strategy')} runs one rank, but the launch asks for {nodes} node(s) x {devices} "
+            "device(s).",
             "single is for one device; ddp and fsdp use several.",
             "Use --devices 1 --nodes 1 with single, or choose --strategy ddp or fsdp.",
         )

@@ -8,8 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parents[1]
+# Property-based tests (tests/test_fuzz_inputs.py) take their budget from a profile: "ci" (the default, about a
+# minute on an idle 2-core machine) or "deep" for long local runs: HYPOTHESIS_PROFILE=deep pytest tests/test_fuzz_inputs.py
+settings.register_profile("ci", max_examples=320, deadline=None, derandomize=True, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("deep", max_examples=5000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 # A working directory for `python -c` / `python -m` probes: run from the checkout's root, Python would put the
 # checkout's sprite/ first on sys.path, which lacks what installation maps in (sprite.parity, sprite.conf).
 OUTSIDE_CHECKOUT = str(Path(sys.executable).parent)

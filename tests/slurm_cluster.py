@@ -22,6 +22,8 @@ import pytest
 CONF = """\
 ClusterName=local
 SlurmctldHost={host}
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/none
@@ -100,6 +102,12 @@ def _stop(procs: list) -> None:
             proc.wait()
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """Start slurmctld and slurmd (foreground, own session) for the test session; stop them by PID after."""
@@ -110,7 +118,9 @@ def slurm(tmp_path_factory):
     for sub in ("state", "spool"):
         (base / sub).mkdir()
     conf = base / "slurm.conf"
-    conf.write_text(CONF.format(host=host, dir=base, cpus=max(2, os.cpu_count() or 2)))
+    # Ports of our own: another test session's cluster on this machine holds the defaults (6817, 6818).
+    conf.write_text(CONF.format(host=host, dir=base, cpus=max(2, os.cpu_count() or 2), ctld_port=_free_port(),
+                                d_port=_free_port()))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs = [subprocess.Popen([daemon, "-D", "-f", str(conf)], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=(base / f"{daemon}.stderr").open("wb"))

@@ -69,7 +69,7 @@ def test_nodes_beyond_allocation(sprite_cmd, clean_env, tmp_path, example_script
     (["--dry-run", "--precision", "fp8"], "Option --precision: 'fp8' is not a valid choice"),
     (["--dry-run", "--site", "frontier"], "Unknown site 'frontier'"),
     (["--dry-run", "--env", "=VALUE"], "has a value but no NAME"),
-    (["--dry-run", "--exclude", "h1"], "--exclude needs a PBS or Slurm allocation"),
+    (["--dry-run", "--exclude", "h1"], "--exclude h1 needs a PBS or Slurm allocation"),
     (["--dry-run", "--master-port", "80"], "outside the unprivileged port range"),
 ])
 def test_bad_flags_and_conflicts(sprite_cmd, clean_env, example_script, args, fragment):

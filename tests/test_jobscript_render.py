@@ -48,7 +48,7 @@ def test_site_directives_are_the_documented_ones(tmp_path):
     assert "#PBS -l select=2:system=polaris\n" in polaris and "#PBS -l filesystems=home:eagle\n" in polaris
     perl = submit.prepare(str(REPO / "conf" / "perlmutter.job.yaml"), "slurm", cwd=str(tmp_path)).text
     for line in ("--constraint=gpu", "--qos=regular", "--gpus-per-node=4", "--account=m0000_g", "--nodes=2",
-                 "--ntasks-per-node=4", "--signal=USR1@90"):
+                 "--ntasks-per-node=4", "--signal=B:USR1@90", "--open-mode=append", "--requeue"):
         assert f"#SBATCH {line}\n" in perl
 
 

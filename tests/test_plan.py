@@ -82,12 +82,22 @@ def test_exclude_and_fewer_nodes_name_hosts(pbs_env, tmp_path, example_script):
 def test_port_precedence_and_range(pbs_env, example_script):
     derived = plan_run({"script": example_script, "site": "aurora"}, pbs_env).env["MASTER_PORT"]
     assert rendezvous.PORT_BASE <= int(derived) < rendezvous.PORT_BASE + rendezvous.PORT_SPAN
-    assert plan_run({"script": example_script, "site": "aurora"},
-                           {**pbs_env, "MASTER_PORT": "23456"}).env["MASTER_PORT"] == "23456"
     assert plan_run({"script": example_script, "site": "aurora", "master_port": "31000"},
-                           {**pbs_env, "MASTER_PORT": "23456"}).env["MASTER_PORT"] == "31000"
-    assert plan_run({"script": example_script, "site": "aurora"},
-                           {**pbs_env, "MASTER_ADDR": "10.1.2.3"}).env["MASTER_ADDR"] == "10.1.2.3"
+                    {**pbs_env, "MASTER_PORT": "23456"}).env["MASTER_PORT"] == "31000"
+
+
+def test_inherited_rendezvous_is_replaced_with_a_note(pbs_env, tmp_path, example_script):
+    """sprite owns MASTER_ADDR/MASTER_PORT: stale values from the caller never steer the ranks, least of all
+    towards a host left out with --exclude."""
+    nodefile = tmp_path / "three"
+    nodefile.write_text("a1\na2\na3\n")
+    env = {**pbs_env, "PBS_NODEFILE": str(nodefile), "MASTER_ADDR": "a1", "MASTER_PORT": "23456"}
+    plan = plan_run({"script": example_script, "site": "aurora", "exclude": ["a1"]}, env)
+    assert plan.env["MASTER_ADDR"] == "a2" and plan.env["MASTER_PORT"] != "23456"
+    assert [note.split("=")[0] for note in plan.notes] == ["note: MASTER_ADDR", "note: MASTER_PORT"]
+    assert "replaced by a2" in plan.notes[0] and "--master-port" in plan.notes[1]
+    quiet = plan_run({"script": example_script, "site": "aurora"}, {**pbs_env, "MASTER_ADDR": AURORA_HOSTS[0]})
+    assert quiet.notes == ()  # the same value: nothing to say
 
 
 def test_derived_port_is_the_same_in_another_process():

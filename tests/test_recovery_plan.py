@@ -56,7 +56,7 @@ def test_spare_nodes_stay_out_of_the_first_launch_and_replace_a_failed_host(scri
 
 
 def test_sprites_own_run_variables_cannot_be_set_by_hand(script, tmp_path):
-    with pytest.raises(UsageError, match="SPRITE_RUN_DIR cannot be set with --env"):
+    with pytest.raises(UsageError, match="--env: SPRITE_RUN_DIR is set by sprite itself .* --run-dir DIR"):
         prepare(script, tmp_path, env={contract.RUN_DIR: str(tmp_path)})
 
 

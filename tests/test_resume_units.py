@@ -30,7 +30,9 @@ def test_auto_looks_in_dirpath_every_logger_version_or_the_default_root(tmp_path
     assert resume.checkpoint_dirs(logged) == [str(tmp_path / "logs" / "exp" / v / "checkpoints")
                                                for v in ("run-b", "version_0", "version_1")]
     assert resume.checkpoint_dirs(_trainer(tmp_path, logger=False)) == [str(tmp_path / "checkpoints")]
-    assert resume.checkpoint_dirs(_trainer(tmp_path, logger=False, enable_checkpointing=False)) == []
+    # no ModelCheckpoint: where a preemption save goes (sprite/runtime/preempt.py)
+    assert resume.checkpoint_dirs(_trainer(tmp_path, logger=False, enable_checkpointing=False)) == [
+        str(tmp_path / "checkpoints")]
 
 
 def test_a_script_that_picks_its_own_checkpoint_conflicts_with_resume(tmp_path, monkeypatch):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sprite import rendezvous
+
 ENV_DUMP = """
 import json, os, sys
 from sprite import contract
@@ -58,13 +60,14 @@ def test_mpiexec_hydra_two_rank_fit(sprite_cmd, clean_env, tmp_path):
 def test_ranks_see_every_variable_of_the_plan(sprite_cmd, clean_env, tmp_path):
     script = tmp_path / "dump.py"
     script.write_text(ENV_DUMP)
+    port = rendezvous.free_port()  # given, so the dry run and the run plan the same port
     base = [*sprite_cmd, "run", "--devices", "2", "--env", "EXTRA_FLAG=1", "--run-dir", str(tmp_path / "run"),
-            str(script), str(tmp_path)]
+            "--master-port", str(port), str(script), str(tmp_path)]
     plan = json.loads(subprocess.run([*base[:2], "--dry-run", "--json", *base[2:]], env=clean_env,
                                      capture_output=True, text=True, check=True).stdout)
     assert not (tmp_path / "run").exists()  # a dry run creates no run folder
-    subprocess.run(base, env={**clean_env, "MASTER_PORT": plan["env"]["MASTER_PORT"]}, check=True, timeout=60,
-                   capture_output=True)
+    assert plan["env"]["MASTER_PORT"] == str(port)
+    subprocess.run(base, env=clean_env, check=True, timeout=60, capture_output=True)
     for rank in range(2):
         seen = json.loads((tmp_path / f"env{rank}.json").read_text())
         assert {k: seen.get(k) for k in plan["env"]} == plan["env"]

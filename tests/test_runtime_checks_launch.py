@@ -39,6 +39,10 @@ class Run:
     def lines(self, marker: str) -> list[str]:
         return [line for line in self.text.splitlines() if marker in line]
 
+    def rank_lines(self, marker: str) -> list[str]:
+        """The lines the ranks printed: all but the parent's closing `sprite: run succeeded after ...` line."""
+        return [line for line in self.lines(marker) if "sprite: run succeeded after " not in line]
+
 
 @pytest.fixture(scope="module")
 def runs(sprite_cmd, tmp_path_factory):
@@ -61,7 +65,7 @@ def runs(sprite_cmd, tmp_path_factory):
 def test_clean_fit_says_the_world_once_and_warns_nothing(runs):
     run = runs("clean")
     assert run.code == 0, run.text[-3000:]
-    block = [line.split("sprite: ", 1)[1] for line in run.lines("sprite: ")]
+    block = [line.split("sprite: ", 1)[1] for line in run.rank_lines("sprite: ")]
     assert len(block) == 5, block  # world, device, strategy, batch, epoch; printed once, by rank 0 only
     assert block[0] == "world      1 node x 2 ranks per node = 2 ranks (launcher hydra)"
     assert block[1] == "device     cpu, backend gloo"
@@ -96,7 +100,8 @@ def test_each_fault_is_one_warning_line_on_rank_zero(runs, fault, words):
 def test_no_checks_silences_the_block_and_every_warning(runs):
     run = runs("no_checks")
     assert run.code == 0 and len(run.reports) == 2, run.text[-3000:]
-    assert not run.lines("sprite: ")
+    assert not run.rank_lines("sprite: ")
+    assert len(run.lines("sprite: run succeeded after 1 attempt(s)")) == 1
 
 
 def test_strict_turns_a_warning_into_exit_2(runs):

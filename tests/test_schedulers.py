@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from sprite import schedulers, submit, values
+from sprite import scheduler_values, schedulers, submit
 from sprite.allocation import Allocation
 from sprite.schedulers.base import Scheduler
 
@@ -25,7 +25,7 @@ class FakeLSF(Scheduler):
     status_program = "bjobs"
     script_suffix = ".lsf"
     auto_launcher = "mpiexec"
-    block_checks = {"project_group": values.name}
+    block_checks = {"project_group": scheduler_values.name}
 
     def detect(self, environ):
         return bool(environ.get("LSB_JOBID"))
@@ -50,9 +50,10 @@ class FakeLSF(Scheduler):
 @pytest.mark.parametrize("scheduler", schedulers.batch(), ids=lambda s: s.name)
 def test_every_batch_system_provides_the_interface(scheduler):
     assert scheduler.name and scheduler.label and scheduler.submit_program and scheduler.status_program
+    assert scheduler.job_variable and scheduler.detect({scheduler.job_variable: "1"})  # what detect() looks for
     assert scheduler.script_suffix.startswith(".")
     assert (resources.files("sprite.conf") / scheduler.example_spec).is_file()
-    for method in ("detect", "allocation", "directives", "log_path", "submit_argv", "status", "cancel_argv"):
+    for method in ("allocation", "directives", "log_path", "submit_argv", "status", "cancel_argv"):
         assert getattr(type(scheduler), method) is not getattr(Scheduler, method), method
     others = [key for s in schedulers.batch() if s is not scheduler for key in s.block_checks]
     assert not set(scheduler.block_checks) & set(others)
@@ -73,7 +74,7 @@ def test_a_new_scheduler_is_one_class_and_a_site_profile(monkeypatch, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text(f"site: {site}\nscript: train.py\nnodes: 2\nscheduler: {{project_group: abc}}\n")
     prepared = submit.prepare(str(spec), "lsf", cwd=str(tmp_path))
-    assert prepared.script_path.endswith("/sprite-jobs/job.lsf")
+    assert prepared.script_path.endswith("/sprite-jobs/job-1.lsf")  # a new name for every submission
     assert "#BSUB -nnodes 2\n#BSUB -W 00:10:00\n#BSUB -G abc" in prepared.text
     assert "# Written by `sprite bsub`" in prepared.text and "(mpiexec under LSF)" in prepared.text
     alloc = schedulers.detect({"LSB_JOBID": "77", "LSB_HOSTS": "h1 h1 h2"}).allocation(

@@ -161,7 +161,7 @@ def test_job_scripts_name_variables_and_hold_no_secret(kind, clean_env, tmp_path
     directive = "#SBATCH --export=ALL,HF_TOKEN,MY_TOKEN" if kind == "slurm" else "#PBS -v HF_TOKEN,MY_TOKEN"
     assert directive in text.splitlines()
     assert prepared.pass_env == ("HF_TOKEN", "MY_TOKEN") and prepared.literals == {"HF_TOKEN": VALUE}
-    with pytest.raises(UsageError, match="env.CAFÉ cannot be exported"):
+    with pytest.raises(UsageError, match=r"accent.job.yaml:\d+: key 'env': 'CAFÉ' is not a valid environment"):
         submit.prepare(write_spec(tmp_path, "accent", env={"CAFÉ": "x"}), kind, cwd=str(tmp_path))
 
 
@@ -274,12 +274,12 @@ def test_sbatch_passes_a_listed_secret_by_name_and_writes_it_nowhere(slurm, spri
     job_id = re.search(r"submitted \w+ job (\S+)", done.stdout).group(1)
     info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=240)
     out = tmp_path / "out"
-    log = out / "jobs" / f"secret-{job_id}.log"
+    log = out / "jobs" / f"secret-1-{job_id}.log"
     text = log.read_text(errors="replace")
     assert info["JobState"] == "COMPLETED", text[-3000:]
     assert _probe_lines(text) == [("0", "True", "0"), ("1", "True", "0")], text[-3000:]
     assert text.count("umask=0o77") == 2  # the job runs with the submit command's umask 077, as PBS Pro's jobs do
     modes = _modes(out)
-    assert modes == {"out": "0o700", "out/jobs": "0o700", "out/jobs/secret.sbatch": "0o600",
-                     f"out/jobs/secret-{job_id}.log": "0o600"}
+    assert modes == {"out": "0o700", "out/jobs": "0o700", "out/jobs/secret-1.sbatch": "0o600",
+                     f"out/jobs/secret-1-{job_id}.log": "0o600"}
     assert not [p for p in out.rglob("*") if p.is_file() and VALUE.encode() in p.read_bytes()]

@@ -33,8 +33,8 @@ def submitted(done: subprocess.CompletedProcess) -> tuple[str, Path]:
 
 def test_sbatch_local_example_runs_two_ranks_to_completion(slurm, sprite_cmd, tmp_path):
     job_id, log = submitted(sprite(sprite_cmd, slurm, tmp_path, "sbatch", str(REPO / "conf" / "local.job.yaml")))
-    assert log == tmp_path / "sprite-jobs" / f"local-{job_id}.log"
-    assert (tmp_path / "sprite-jobs" / "local.sbatch").is_file()
+    assert log == tmp_path / "sprite-jobs" / f"local-1-{job_id}.log"
+    assert (tmp_path / "sprite-jobs" / "local-1.sbatch").is_file()
     info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=180)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
@@ -90,7 +90,7 @@ def test_qsub_through_slurms_pbs_wrapper(slurm, sprite_cmd, tmp_path):
     spec = _spec(tmp_path, "hello.py", {"select": "ncpus=2:mpiprocs=2", "job_name": "pbs-hello"}, devices=2)
     done = sprite(sprite_cmd, slurm, tmp_path, "qsub", spec)
     job_id, log = submitted(done)
-    assert log == tmp_path / "sprite-jobs" / "pbs-hello.log"
+    assert log == tmp_path / "sprite-jobs" / "pbs-hello-1.log"
     info = slurm.wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=120)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["NumTasks"] == "2" and info["JobName"] == "pbs-hello", text

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from sprite import contract, execute, heartbeat, rundir
-from sprite.errors import EXIT_STALLED, SpriteError, report
+from sprite.errors import EXIT_PREEMPTED, EXIT_STALLED, SpriteError, report
 from sprite.plan import LaunchPlan
 from sprite.recovery import child, classify, policy
 from sprite.recovery.session import Run
@@ -51,8 +51,18 @@ def _tail(path: Path) -> str:
         return log.read().decode(errors="replace")
 
 
+def _preempted(beats: dict, world_size: int) -> bool:
+    """Every rank said it stopped for preemption: the launcher's code may say otherwise when it killed the last
+    ranks to leave (srun --kill-on-bad-exit, Hydra's clean-up) after the first exited 75."""
+    return len(beats) == world_size and all(beat.phase == heartbeat.PREEMPTED for beat in beats.values())
+
+
 def _verdict(code: int, log_path: Path, plan: LaunchPlan, beats: dict) -> tuple[int, classify.Verdict]:
     world = plan.world
+    if code != EXIT_PREEMPTED and _preempted(beats, len(world.hosts) * world.devices):
+        print(f"sprite: every rank stopped for preemption (launcher exit code {code}); exit code {EXIT_PREEMPTED}.",
+              file=sys.stderr, flush=True)
+        code = EXIT_PREEMPTED
     verdict = _unfinished(classify.classify(code, _tail(log_path), [h for h in world.hosts
                                                                     for _ in range(world.devices)]), beats)
     if code == 0 and verdict.cause != classify.SUCCESS:
@@ -83,7 +93,7 @@ def run_one(run: Run, plan: LaunchPlan, number: int, signals: child.Forwarding) 
     if stall:
         run.record("stall", attempt=number, idle_seconds=round(stall.idle, 1), limit_seconds=stall.limit,
                    allowance=stall.allowance, ranks=stall.summary, suspect_hosts=list(stall.suspect_hosts))
-    if verdict.cause == classify.PREEMPTION:
+    if verdict.cause == classify.PREEMPTION and code != EXIT_PREEMPTED:  # at 75 rank 0 recorded it (preempt.py)
         run.record("preemption", attempt=number, reason=verdict.reason)
     cost = policy.hours(time.monotonic() - started, world.nodes, world.size)
     return {"attempt": number, "exit_code": code, "cause": verdict.cause, "reason": verdict.reason,

@@ -2,10 +2,11 @@
 
 A dying rank takes the others down with it, so a log holds one first failure and many echoes (peers losing their
 connection, launchers killing the rest). The rules look for the first failure's kind of evidence in order:
-sprite's own lines (a forwarded signal, a stall, a refused launch), then memory exhaustion, then the scheduler or
-device saying a node failed, then a Python exception that is not a lost connection (the script's own fault), then
-a rank killed by SIGKILL or SIGBUS with no such exception (a node fault: the host or the kernel killed it), then
-an abort or a segmentation fault (the application), then lost connections alone (a peer or its node vanished).
+exit code 75 (the ranks stopped for preemption, sprite/runtime/preempt.py), sprite's own lines (a forwarded
+signal, a stall, a refused launch), then memory exhaustion, then the scheduler or device saying a node failed,
+then a Python exception that is not a lost connection (the script's own fault), then a rank killed by SIGKILL or
+SIGBUS with no such exception (a node fault: the host or the kernel killed it), then an abort or a segmentation
+fault (the application), then lost connections alone (a peer or its node vanished).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Sequence
+
+from sprite.errors import EXIT_PREEMPTED
 
 SUCCESS, NODE_FAULT, APP_FAULT, STALL = "success", "node fault", "application fault", "stall"
 PREEMPTION, INTERRUPTED, USAGE, CHECK_FAILED = "preemption", "interrupted", "bad usage", "check failed"
@@ -102,6 +105,8 @@ def classify(code: int, log: str, rank_hosts: Sequence[str] = ()) -> Verdict:
     failed = _NODE_FAILURE.search(log)
     if code == 0 and not failed:
         return Verdict(SUCCESS, "every rank finished")
+    if code == EXIT_PREEMPTED:
+        return Verdict(PREEMPTION, f"the ranks saved a checkpoint on the preemption signal and stopped (exit {code})")
     found = _sprite_verdict(code, log)
     if found:
         return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -12,7 +13,7 @@ from sprite import allocation, audit, contract, execute, rundir, schedulers
 from sprite.errors import UsageError
 from sprite import plan as planning
 from sprite.plan import LaunchPlan
-from sprite.recovery import summary
+from sprite.recovery import requeue, summary
 from sprite.recovery.loop import run_attempts
 from sprite.recovery.session import Run, limits_of, said_never
 
@@ -20,7 +21,7 @@ from sprite.recovery.session import Run, limits_of, said_never
 def prepare(flags: dict, spec_file: str | None, run_dir: str | None, environ: Mapping[str, str] = os.environ,
             allow_literal_secrets: bool = False) -> tuple[Run, LaunchPlan]:
     """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError (also for
-    an ``env`` that sets sprite's own run variables)."""
+    an ``env`` that sets sprite's own run variables, or a literal secret unless ``allow_literal_secrets``)."""
     job, _ = planning.assemble(flags, spec_file, environ, allow_literal_secrets)
     taken = sorted(set(job.env) & {contract.RUN_DIR, contract.ATTEMPT, contract.HEARTBEAT_SECONDS})
     if taken:
@@ -28,7 +29,7 @@ def prepare(flags: dict, spec_file: str | None, run_dir: str | None, environ: Ma
                          "Use --run-dir DIR to choose the run folder.")
     job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
     run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
-              said_never(flags, spec_file), allow_literal_secrets)
+              said_never(flags, spec_file), allow_literal_secrets, requeue=job.requeue)
     return run, run.plan(1, flags)
 
 
@@ -53,7 +54,8 @@ def _launch_record(run: Run, plan: LaunchPlan) -> None:
                scheduler=world.alloc.scheduler, job_id=world.alloc.job_id, allocation=list(world.alloc.hosts),
                hosts=list(world.hosts), nodes=world.nodes, world_size=world.size, launcher=world.flavour,
                retries=run.retries, stall_timeout=limits.stall if limits else None,
-               first_step_timeout=limits.first_step if limits else None, save_timeout=limits.save if limits else None)
+               first_step_timeout=limits.first_step if limits else None, save_timeout=limits.save if limits else None,
+               preempt_signal=plan.env.get(contract.PREEMPT_SIGNAL, ""), requeue=run.requeue)
     restarts = schedulers.detect(run.environ).restart_count(run.environ)
     if restarts:
         run.record("requeue", job_id=world.alloc.job_id, restart_count=restarts)
@@ -72,6 +74,11 @@ def run_all(run: Run, plan: LaunchPlan) -> int:
     rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
     code = run_attempts(run, plan)
     last = run.attempts[-1]
+    if requeue.wanted(run.requeue, last):
+        # Slurm ends this batch script (SIGTERM, SIGKILL after KillWait) as soon as it requeued the job: the
+        # answer and the completion record are written first.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        requeue.request(run, run.environ)
     status = summary.status_of(last["cause"])
     totals = {key: round(sum(a[key] for a in run.attempts), 6) for key in ("seconds", "node_hours", "device_hours")}
     done = run.record("completion", status=status, exit_code=code, attempts=len(run.attempts), **totals)

@@ -27,6 +27,7 @@ class Run:
     script: str = ""
     keep_never: bool = False  # the user chose --resume never: relaunches start from scratch too
     allow_literal_secrets: bool = False  # as --allow-literal-secrets said (plan.assemble)
+    requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
     attempts: list = field(default_factory=list)
 
     @property

@@ -17,7 +17,7 @@ from sprite.heartbeat import Beat
 
 _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training step",
                heartbeat.VALIDATION: "in validation", heartbeat.SAVE: "in checkpoint save",
-               heartbeat.DONE: "done with the script"}
+               heartbeat.DONE: "done with the script", heartbeat.PREEMPTED: "stopped for preemption"}
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,19 @@ def run(argv: list[str]) -> None:
     if not os.path.isfile(script):
         raise UsageError(f"Script {script!r} does not exist.", "A relative path is read from the rank's working"
                          " directory.", f"Check the path (cwd: {os.getcwd()}).")
-    from sprite.runtime import ckpt_seal, config, pytorch_lightning_guard, registry, resume, rng_state, trainer_wrap
+    from sprite.runtime import preempt_signal
+
+    preempting = preempt_signal.install(os.environ)  # first: the signal may come during the imports below
+    from sprite.runtime import ckpt_seal, config, preempt, pytorch_lightning_guard, registry, resume, rng_state
+    from sprite.runtime import trainer_wrap
 
     cfg = config.from_env(os.environ)
     registry.register()
     ckpt_seal.install()
     rng_state.install()
     resume.install(resume.mode(os.environ))
+    if preempting:
+        preempt.install()
     if cfg is not None:
         _start_heartbeat(cfg)
         trainer_wrap.install(cfg)
@@ -57,11 +63,13 @@ def run(argv: list[str]) -> None:
 
 def _run_script(script: str, launched: bool) -> None:
     """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, say
-    so to the watchdog and end every rank together (finish.py)."""
-    from sprite.runtime import finish, progress
+    so to the watchdog and end every rank together (finish.py); stopped for preemption, exit 75 (preempt.py)."""
+    from sprite.runtime import finish, preempt, progress
 
     try:
         runpy.run_path(script, run_name="__main__")
+    except preempt.Preempted as stopped:  # a SystemExit: caught first
+        raise SystemExit(preempt.exit_preempted(stopped)) from None
     except SystemExit as exit:
         if launched and exit.code in (None, 0):
             progress.finish()

@@ -114,10 +114,10 @@ def callbacks() -> list:
     return [ProgressCallback(_current)] if _current is not None else []
 
 
-def finish(step: Optional[int] = None) -> None:
-    """Say this rank's script has returned."""
+def finish(step: Optional[int] = None, phase: str = heartbeat.DONE) -> None:
+    """Say this rank's script has returned (``phase`` PREEMPTED: it stopped for preemption)."""
     if _current is not None:
-        _current.update(heartbeat.DONE, step)
+        _current.update(phase, step)
 
 
 def _wrap_save_checkpoint() -> None:

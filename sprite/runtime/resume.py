@@ -27,10 +27,13 @@ def mode(environ) -> str:
 
 def checkpoint_dirs(trainer) -> list[str]:
     """Where the script's checkpoints go: each ModelCheckpoint's ``dirpath``, else Lightning's default folder
-    (callbacks/model_checkpoint.py:837-865), whose ``version_N`` changes every run, so every version is searched."""
+    (callbacks/model_checkpoint.py:837-865), whose ``version_N`` changes every run, so every version is searched;
+    with no ModelCheckpoint, ``<default_root_dir>/checkpoints``, where a preemption save goes."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     dirs = []
+    if not any(isinstance(callback, ModelCheckpoint) for callback in trainer.checkpoint_callbacks):
+        dirs.append(os.path.join(trainer.default_root_dir, "checkpoints"))  # a preemption save's (preempt.py)
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint):
             continue

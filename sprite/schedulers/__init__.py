@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from sprite.errors import UsageError
+from sprite.errors import UsageError, one_line, show
 from sprite.schedulers.base import Scheduler
 from sprite.schedulers.local import NoScheduler
 from sprite.schedulers.pbs import PBS
@@ -37,13 +37,24 @@ def get(name: str) -> Scheduler:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise UsageError(f"{name!r} is not a scheduler sprite knows.", "A typo in --scheduler or a site profile.",
+        raise UsageError(f"{show(name)} is not a scheduler sprite knows.", "A typo in --scheduler or a site profile.",
                          f"Use one of: {', '.join(REGISTRY)}.") from None
 
 
 def detect(environ: Mapping[str, str]) -> Scheduler:
     """The system whose job this process runs in (NONE outside any job)."""
     return next(s for s in REGISTRY.values() if s.detect(environ))
+
+
+def detection_notes(environ: Mapping[str, str]) -> list[str]:
+    """A note when the variables of several batch systems are set: which one ``detect`` chose, and why."""
+    claims = [s for s in REGISTRY.values() if s is not NONE and s.detect(environ)]
+    if len(claims) < 2:
+        return []
+    shown = " and ".join(f"{s.label} ({s.job_variable}={one_line(environ.get(s.job_variable, ''), 40)})"
+                         for s in claims)
+    return [f"note: the variables of {shown} are all set; {claims[0].label} won (sprite checks "
+            f"{', '.join(s.label for s in claims)} in that order). Unset the other's variables if that is wrong."]
 
 
 def by_submit_program(program: str) -> Scheduler:

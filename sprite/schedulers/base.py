@@ -12,12 +12,14 @@ import subprocess
 from typing import Callable, Mapping
 
 from sprite.allocation import Allocation
+from sprite.errors import UsageError
 
 
 class Scheduler:
     """A batch system. Class attributes describe it; methods read its allocation and talk to its clients."""
 
     name: str = ""  # the site profile's ``scheduler:`` value
+    job_variable: str = ""  # the variable whose presence means "inside this system's job" (PBS_JOBID)
     label: str = ""  # how people write it (PBS, Slurm)
     example_spec: str = ""  # a shipped example job spec for this system (--help)
     submit_program: str | None = None  # qsub, sbatch; None when jobs cannot be submitted
@@ -27,14 +29,47 @@ class Scheduler:
     own_launchers: tuple[str, ...] = ()  # launchers that work only inside this system's allocation (srun)
     block_checks: dict = {}  # scheduler-block keys only this system understands -> their value checker
     client_hint: str = ""
+    max_signal_lead: int | None = None  # the most seconds before the walltime a warning signal may be asked for
+    owned_options: dict = {}  # directive options sprite writes itself -> the scheduler-block key that sets them
 
     def detect(self, environ: Mapping[str, str]) -> bool:
         """True when ``environ`` is that of a process inside this system's job."""
-        return False
+        return bool(self.job_variable and environ.get(self.job_variable))
+
+    def owner_of(self, option: str) -> str | None:
+        """The key that sets the directive ``option`` (an ``extra`` item) in sprite's own directives, else None.
+
+        ``--time=1:00``, ``-t 60`` and ``-l select=2,walltime=72:00:00`` (each resource of -l and -W) are found.
+        """
+        head, _, rest = option.partition(" ")
+        if head.startswith("--"):
+            return self.owned_options.get(head.split("=")[0])
+        flag, rest = head[:2], head[2:] or rest
+        if flag in ("-l", "-W"):
+            names = (item.split("=")[0] for item in rest.split(","))
+            return next((self.owned_options[f"{flag} {n}"] for n in names if f"{flag} {n}" in self.owned_options),
+                        None)
+        return self.owned_options.get(flag)
+
+    def requested_allocation(self, hosts: tuple[str, ...], ranks_per_node: int) -> Allocation:
+        """The allocation a job script asks for, as ``sprite run`` inside the job will see it (for planning)."""
+        return Allocation(self.name, "planned", hosts, None, None, planned=True)
 
     def restart_count(self, environ: Mapping[str, str]) -> int:
         """How many times the system has started this job again (a requeue); 0 for its first run."""
         return 0
+
+    def requeue_argv(self, environ: Mapping[str, str], program: Callable[[str], str]) -> list[str]:
+        """The command, run inside this job by ``sprite run --requeue`` after every rank saved a checkpoint and
+        stopped for preemption (exit 75), that makes the system run the job again; the job script passes
+        ``--resume auto``, so the run that comes back continues from that checkpoint. ``program(name)`` is the
+        client's path.
+
+        Raises:
+            UsageError: this system cannot run the job again from inside it.
+        """
+        raise UsageError(f"{self.label or 'This machine'} cannot run a job again: there is no batch job here.",
+                         "--requeue is for job scripts written by sprite qsub / sprite sbatch.", "Drop --requeue.")
 
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts this job was granted. Raises UsageError when the job's variables are unusable."""

@@ -6,46 +6,81 @@ were checked to be directive-safe tokens when the block was validated; ``directi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Mapping
 
-from sprite import values
-from sprite.allocation import Allocation, unique
-from sprite.errors import UsageError
+from sprite import contract
+from sprite import scheduler_values as sv
+from sprite.allocation import Allocation, check_hosts, check_job_id
+from sprite.errors import UsageError, one_line
 from sprite.schedulers.base import Scheduler
+
+REQUEUE_COUNT = "SPRITE_REQUEUE_COUNT"  # given to a resubmitted job by requeue_argv: how many runs came before
 
 
 class PBS(Scheduler):
     name = "pbs"
+    job_variable = "PBS_JOBID"
     label = "PBS"
     example_spec = "aurora.job.yaml"
     submit_program = "qsub"
     status_program = "qstat"
     script_suffix = ".pbs"
     auto_launcher = "mpiexec"
-    block_checks = {"filesystems": values.names, "place": values.place, "select": values.token}
+    block_checks = {"filesystems": sv.names, "place": sv.place, "select": sv.select}
     client_hint = "PBS Pro's client commands exist on the login nodes of PBS sites (Aurora, Polaris)"
+    owned_options = {"-N": "job_name", "-A": "account", "-q": "queue", "-o": "output_dir", "-e": "output_dir",
+                     "-j": "output_dir", "-r": "requeue", "-l select": "nodes", "-l nodes": "nodes",
+                     "-l place": "place", "-l walltime": "walltime", "-l filesystems": "filesystems",
+                     "-W depend": "dependency"}
 
-    def detect(self, environ: Mapping[str, str]) -> bool:
-        return bool(environ.get("PBS_JOBID"))
+    def restart_count(self, environ: Mapping[str, str]) -> int:
+        count = environ.get(REQUEUE_COUNT, "")
+        return int(count) if count.isdigit() else 0
+
+    def requeue_argv(self, environ: Mapping[str, str], program: Callable[[str], str]) -> list[str]:
+        """Submit this job's script again with ``qsub``: PBS Pro's ``qrerun`` needs Manager or Operator privilege
+        (openpbs doc/man1/qrerun.1B:84-86, enforced in src/server/req_rerun.c:241-244). The new job starts after
+        this one has ended (``depend=afterany``), counts its runs in SPRITE_REQUEUE_COUNT and writes its own log
+        beside the script (PBS's ``-o`` would replace this job's).
+
+        Raises:
+            UsageError: the job script did not export its own path (it was not written by sprite qsub).
+        """
+        script, job_id = environ.get(contract.JOB_SCRIPT, ""), environ.get("PBS_JOBID", "")
+        if not script or not job_id:
+            raise UsageError(f"Cannot submit this PBS job again: {contract.JOB_SCRIPT} or PBS_JOBID is not set.",
+                             "Only job scripts written by sprite qsub with requeue: true export their own path.",
+                             "Submit the spec with sprite qsub, with requeue: true in its scheduler block.")
+        count = self.restart_count(environ) + 1
+        log = Path(script).with_name(f"{Path(script).stem}-requeue{count}.log")
+        return [program("qsub"), "-W", f"depend=afterany:{job_id}", "-v", f"{REQUEUE_COUNT}={count}",
+                "-o", str(log), "-j", "oe", script]
 
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts of PBS_NODEFILE (one line per rank slot, so hosts repeat). Raises UsageError if unusable."""
+        job_id = check_job_id(self.job_variable, environ[self.job_variable])
         path = environ.get("PBS_NODEFILE", "")
+        where = f"PBS_NODEFILE={one_line(path, 200)}"
         try:
-            hosts = unique(read(path).splitlines()) if path else ()
+            hosts = check_hosts(read(path).splitlines(), where) if path else ()
         except OSError as err:
             raise UsageError(
-                f"PBS_NODEFILE={path} cannot be read ({err.strerror}).",
+                f"{where} cannot be read ({err.strerror}).",
                 "The job's node file is only present on the job's own nodes.",
                 "Run sprite inside the PBS job (qsub -I or a job script).",
             ) from None
+        except UsageError as err:
+            if err.what.startswith(where):
+                raise
+            raise UsageError(f"{where} {err.what}", err.cause, err.fix) from None
         if not hosts:
             raise UsageError(
-                f"PBS_JOBID={environ['PBS_JOBID']} is set but PBS_NODEFILE names no hosts.",
+                f"PBS_JOBID={job_id} is set but PBS_NODEFILE names no hosts.",
                 "The variable was copied into a shell outside the job, or the node file is empty.",
                 "Run sprite inside the PBS job, or unset PBS_JOBID to launch on this machine only.",
             )
-        return Allocation(self.name, environ["PBS_JOBID"], hosts, None, path)
+        return Allocation(self.name, job_id, hosts, None, path)
 
     def directives(self, block, devices: int) -> list[str]:
         del devices  # PBS Pro gives whole nodes; ranks per node are sprite run's business (mpiexec --ppn)
@@ -60,16 +95,16 @@ class PBS(Scheduler):
             opts.append(("-r", "y" if block.requeue else "n"))
         if block.dependency:
             opts.append(("-W", "depend=afterok:" + ":".join(block.dependency)))
-        lines = [f"#PBS {flag} {values.directive_word(flag, value)}" for flag, value in opts if value is not None]
-        return lines + [f"#PBS {values.directive_words(item)}" for item in block.extra]
+        lines = [f"#PBS {flag} {sv.directive_word(flag, value)}" for flag, value in opts if value is not None]
+        return lines + [f"#PBS {sv.directive_words(item)}" for item in block.extra]
 
     def log_path(self, block) -> str:
-        return f"{block.output_dir}/{block.job_name}.log"
+        return f"{block.output_dir}/{block.stem}.log"
 
     def pass_env_directives(self, names: tuple[str, ...]) -> list[str]:
         # "-v NAME": NAME and its value in qsub's environment are added to the job's Variable_List (qsub(1B) of
         # PBS Professional, openpbs doc/man1/qsub.1B); by default PBS exports only the PBS_O_* variables.
-        return [f"#PBS -v {values.directive_word('v', ','.join(names))}"] if names else []
+        return [f"#PBS -v {sv.directive_word('v', ','.join(names))}"] if names else []
 
     def launch_lines(self, block, command: str) -> list[str]:
         if not block.preempt_signal:
@@ -77,7 +112,7 @@ class PBS(Scheduler):
         # PBS Pro has no directive for an early warning signal, so the script sends it itself `delay` seconds
         # into the job; the timer's output goes to /dev/null so it never holds the job's output open.
         signal, before = block.preempt_signal
-        delay = max(1, values.seconds(block.walltime) - before)
+        delay = max(1, sv.seconds(block.walltime) - before)
         return [
             f"{command} &",
             "sprite_pid=$!",

@@ -3,36 +3,40 @@ scontrol / scancel, and srun as its own launcher."""
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping
 
 import hostlist
 
+from sprite import scheduler_values as sv
 from sprite import values
-from sprite.allocation import Allocation, expand_hosts
-from sprite.errors import UsageError
+from sprite.allocation import Allocation, check_hosts, check_job_id, expand_hosts
+from sprite.errors import UsageError, show
 from sprite.schedulers.base import Scheduler
 
 
 def expand_nodelist(text: str) -> tuple[str, ...]:
     """Expand a Slurm node list (``nid[001-003,007],gpu-[1-2]``). Raises UsageError when it cannot be parsed."""
     try:
-        return expand_hosts(text)
+        return check_hosts(expand_hosts(text), "SLURM_JOB_NODELIST")
     except hostlist.BadHostlist as err:
         raise UsageError(
-            f"Cannot read the Slurm node list {text!r} ({err}).",
+            f"SLURM_JOB_NODELIST={show(text)} cannot be read as a Slurm node list ({err}).",
             "SLURM_JOB_NODELIST was edited or truncated by hand.",
             "Run inside an unmodified Slurm allocation, or unset SLURM_JOB_ID to launch on this machine only.",
         ) from None
 
 
 def _tasks_per_node(value: str | None) -> int | None:
-    # Slurm writes e.g. "4" or "4(x2)" or "4,2"; the first count is the one every full node gets.
+    # Slurm writes e.g. "4" or "4(x2)" or "4,2"; the first count is the one every full node gets. Anything else
+    # (set by hand, "²") is no count: ranks per node then come from --devices or the site.
     head = (value or "").split(",")[0].split("(")[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if re.fullmatch(r"[1-9][0-9]{0,3}", head) and int(head) <= values.MAX_RANKS_PER_NODE else None
 
 
 class Slurm(Scheduler):
     name = "slurm"
+    job_variable = "SLURM_JOB_ID"
     label = "Slurm"
     example_spec = "perlmutter.job.yaml"
     submit_program = "sbatch"
@@ -40,29 +44,51 @@ class Slurm(Scheduler):
     script_suffix = ".sbatch"
     auto_launcher = "srun"
     own_launchers = ("srun",)
-    block_checks = {"partition": values.name, "constraint": values.token, "gpus_per_node": values.count,
-                    "cpus_per_task": values.count}
+    block_checks = {"partition": sv.name, "constraint": sv.token, "gpus_per_node": values.per_node,
+                    "cpus_per_task": values.per_node}
     client_hint = "Slurm's client commands exist on the login nodes of Slurm sites (Perlmutter)"
-
-    def detect(self, environ: Mapping[str, str]) -> bool:
-        return bool(environ.get("SLURM_JOB_ID"))
+    max_signal_lead = 65535  # sbatch --signal=SIG@TIME takes at most 0xffff seconds
+    owned_options = {**dict.fromkeys(("--job-name", "-J"), "job_name"), **dict.fromkeys(("--account", "-A"), "account"),
+                     **dict.fromkeys(("--qos", "-q"), "queue"), **dict.fromkeys(("--partition", "-p"), "partition"),
+                     **dict.fromkeys(("--constraint", "-C"), "constraint"), **dict.fromkeys(("--nodes", "-N"), "nodes"),
+                     **dict.fromkeys(("--ntasks-per-node", "--ntasks", "-n"), "devices"),
+                     "--gpus-per-node": "gpus_per_node", **dict.fromkeys(("--cpus-per-task", "-c"), "cpus_per_task"),
+                     **dict.fromkeys(("--time", "-t"), "walltime"),
+                     **dict.fromkeys(("--output", "-o", "--error", "-e"), "output_dir"),
+                     **dict.fromkeys(("--dependency", "-d"), "dependency"), "--signal": "preempt_signal",
+                     **dict.fromkeys(("--requeue", "--no-requeue"), "requeue")}
 
     def restart_count(self, environ: Mapping[str, str]) -> int:
         # 1 in the first rerun of a requeued job (seen here: `scontrol requeue` with the FACTS.md slurm.conf)
         count = environ.get("SLURM_RESTART_COUNT", "")
-        return int(count) if count.isdigit() else 0
+        return int(count) if re.fullmatch(r"[0-9]{1,9}", count) else 0  # ASCII: "²".isdigit() is True
+
+    def requeue_argv(self, environ: Mapping[str, str], program: Callable[[str], str]) -> list[str]:
+        """``scontrol requeue JOBID`` (an array task as ``ARRAYID_TASKID``, as Lightning's SLURMEnvironment does,
+        trainer/connectors/signal_connector.py:82-90); it needs ``#SBATCH --requeue``. Slurm then ends this batch
+        script and holds the job for ``cred_expire`` (120 s by default) before it starts again."""
+        array, task = environ.get("SLURM_ARRAY_JOB_ID", ""), environ.get("SLURM_ARRAY_TASK_ID", "")
+        job_id = f"{array}_{task}" if array and task else environ.get("SLURM_JOB_ID", "")
+        if not job_id:
+            return super().requeue_argv(environ, program)
+        return [program("scontrol"), "requeue", job_id]
 
     def allocation(self, environ: Mapping[str, str], read: Callable[[str], str], hostname: str) -> Allocation:
         """The hosts of SLURM_JOB_NODELIST. Raises UsageError when the node list is missing or unreadable."""
+        job_id = check_job_id(self.job_variable, environ[self.job_variable])
         text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
         if not text:
             raise UsageError(
-                f"SLURM_JOB_ID={environ['SLURM_JOB_ID']} is set but SLURM_JOB_NODELIST is empty.",
+                f"SLURM_JOB_ID={job_id} is set but SLURM_JOB_NODELIST is empty.",
                 "The variable was copied into a shell outside the job.",
                 "Run sprite inside the allocation (salloc or an sbatch script), or unset SLURM_JOB_ID.",
             )
         tasks = _tasks_per_node(environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE"))
-        return Allocation(self.name, environ["SLURM_JOB_ID"], expand_nodelist(text), tasks)
+        return Allocation(self.name, job_id, expand_nodelist(text), tasks)
+
+    def requested_allocation(self, hosts: tuple[str, ...], ranks_per_node: int) -> Allocation:
+        # The job script asks for --ntasks-per-node=<ranks per node>, so SLURM_NTASKS_PER_NODE will say so.
+        return Allocation(self.name, "planned", hosts, ranks_per_node, None, planned=True)
 
     def directives(self, block, devices: int) -> list[str]:
         """sbatch directives; ``queue`` is the QOS (``-q``), as on Perlmutter (``-q regular|debug``)."""
@@ -73,15 +99,18 @@ class Slurm(Scheduler):
         if block.dependency:
             opts.append(("dependency", "afterok:" + ":".join(block.dependency)))
         if block.preempt_signal:
-            # To every job step (the ranks): Lightning's SLURMEnvironment requeues on SIGUSR1 inside the ranks.
-            opts.append(("signal", "{}@{}".format(*block.preempt_signal)))
-        lines = [f"#SBATCH --{flag}={values.directive_word(flag, value)}" for flag, value in opts if value is not None]
+            # B: to the batch shell, which is `sprite run` (the script execs it): it passes the signal to the
+            # launcher (srun forwards it to every task, srun(1) SIGNALS), so the ranks get it under any launcher.
+            opts.append(("signal", "B:{}@{}".format(*block.preempt_signal)))
+        if block.requeue:
+            opts.append(("open-mode", "append"))  # a requeued job writes the same log file: keep the first run's
+        lines = [f"#SBATCH --{flag}={sv.directive_word(flag, value)}" for flag, value in opts if value is not None]
         if block.requeue is not None:
             lines.append("#SBATCH --requeue" if block.requeue else "#SBATCH --no-requeue")
-        return lines + [f"#SBATCH {values.directive_words(item)}" for item in block.extra]
+        return lines + [f"#SBATCH {sv.directive_words(item)}" for item in block.extra]
 
     def log_path(self, block) -> str:
-        return f"{block.output_dir}/{block.job_name}-%j.log"
+        return f"{block.output_dir}/{block.stem}-%j.log"
 
     def pass_env_directives(self, names: tuple[str, ...]) -> list[str]:
         # "--export=ALL,NAME": all of the submitting environment plus NAME with its current value there; names
@@ -89,7 +118,7 @@ class Slurm(Scheduler):
         # default propagation the rest of the job relies on (PATH, the venv).
         if not names:
             return []
-        return [f"#SBATCH --export={values.directive_word('export', 'ALL,' + ','.join(names))}"]
+        return [f"#SBATCH --export={sv.directive_word('export', 'ALL,' + ','.join(names))}"]
 
     def submit_argv(self, program: str, script: str, log_path: str) -> list[str]:
         return [program, "--parsable", script]

@@ -1,9 +1,13 @@
-"""A plain Lightning script for sprite's checkpoint tests: dropout, shuffled data, ModelCheckpoint every N steps.
+"""A plain Lightning script for sprite's checkpoint tests: dropout, shuffled data, ModelCheckpoint every N steps,
+and with ``--count-batches`` a buffer its own ``on_train_batch_end`` counts batches in (Lightning runs that hook
+after every callback, so a ModelCheckpoint save of a step does not hold that step's count).
 
 Nothing here knows about sprite's manifests or resume: sprite's runtime seals the checkpoints and passes
-``--resume`` to ``Trainer.fit``. Each rank appends ``{"step", "loss"}`` per step to OUT/losses-<tag>-rank<N>.jsonl;
+``--resume`` to ``Trainer.fit``. Each rank appends ``{"step", "loss", "t"}`` per step to OUT/losses-<tag>-rank<N>.jsonl;
 rank 0 saves the final trainable weights to OUT/final-<tag>.pt. ``--crash-at-save K`` makes rank 0 write half of
 its K-th checkpoint file (counted in this process) and SIGKILL itself: a save cut short in the middle.
+``--hold-at-step K --hold-dir DIR`` makes every rank, at the start of global step K, write DIR/held-rank<N> and
+wait for DIR/go: a test sends its signal while the ranks are known to be at that step.
 """
 
 import argparse
@@ -11,6 +15,7 @@ import io
 import json
 import os
 import signal
+import time
 
 import lightning as L
 import torch
@@ -20,22 +25,41 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Net(L.LightningModule):
-    def __init__(self, out: str, tag: str):
+    def __init__(self, out: str, tag: str, hold: tuple = (-1, ""), count_batches: bool = False):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.3), nn.Linear(32, 1))
-        self.out, self.tag = out, tag
+        self.out, self.tag, self.hold = out, tag, hold
+        if count_batches:  # kept by the module's own on_train_batch_end
+            self.register_buffer("batches_seen", torch.zeros((), dtype=torch.long))
 
     def training_step(self, batch, batch_idx):
+        if self.global_step == self.hold[0]:
+            hold_here(self.hold[1], self.global_rank)
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("progress", float(self.global_step))
         path = os.path.join(self.out, f"losses-{self.tag}-rank{self.global_rank}.jsonl")
         with open(path, "a") as sink:
-            sink.write(json.dumps({"step": self.global_step, "loss": float(loss.detach()).hex()}) + "\n")
+            sink.write(json.dumps({"step": self.global_step, "loss": float(loss.detach()).hex(),
+                                   "t": time.perf_counter()}) + "\n")
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if hasattr(self, "batches_seen"):
+            self.batches_seen += 1
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+
+def hold_here(folder: str, rank: int, limit: float = 300.0) -> None:
+    """Say this rank is at the hold step, then wait for the test's go file."""
+    open(os.path.join(folder, f"held-rank{rank}"), "w").close()
+    deadline = time.monotonic() + limit
+    while not os.path.exists(os.path.join(folder, "go")):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no go file in {folder} after {limit} s")
+        time.sleep(0.05)
 
 
 def crash_at_save(trainer, count: int) -> None:
@@ -66,6 +90,9 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=-1, help="keep only the K newest (monitor: progress)")
     parser.add_argument("--save-last", action="store_true")
     parser.add_argument("--full-state", action="store_true", help="FSDP2: one full-state file, not a DCP folder")
+    parser.add_argument("--count-batches", action="store_true", help="a buffer the module's own hook counts in")
+    parser.add_argument("--hold-at-step", type=int, default=-1)
+    parser.add_argument("--hold-dir", default="")
     parser.add_argument("--random-sampler", action="store_true",
                         help="keep the DataLoader's RandomSampler on every rank (its permutation comes from the"
                              " global torch generator) instead of Lightning's DistributedSampler")
@@ -75,7 +102,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(64, 8, generator=gen)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
-    model = Net(args.out, args.tag)
+    model = Net(args.out, args.tag, (args.hold_at_step, args.hold_dir), args.count_batches)
     checkpoints = ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every, save_top_k=args.top_k,
                                   monitor="progress" if args.top_k > 0 else None, mode="max", save_last=args.save_last)
     extra = {}

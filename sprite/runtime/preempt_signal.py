@@ -1,0 +1,43 @@
+"""The preemption signal's handler in a rank: it only records that the signal came (stdlib only, so
+``python -m sprite.runtime`` installs it before the seconds-long torch and Lightning imports)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Mapping, Optional
+
+from sprite import contract, preemption
+from sprite.errors import UsageError
+
+received: list[int] = []  # signal numbers this process received; read at step boundaries by preempt.py
+
+
+def _on_signal(signum, frame) -> None:
+    received.append(signum)
+
+
+def name_received() -> str:
+    """The name of the first preemption signal received ("" when none came)."""
+    return signal.Signals(received[0]).name if received else ""
+
+
+def install(environ: Mapping[str, str]) -> Optional[str]:
+    """Handle the contract's preemption signal in this process; returns its name (None: not asked, or "none").
+
+    Raises:
+        UsageError: the value is not a signal sprite handles, or an NCCL setting takes the same signal.
+    """
+    name = environ.get(contract.PREEMPT_SIGNAL, "").strip()
+    if not name or name == preemption.NONE:
+        return None
+    if name not in contract.PREEMPT_SIGNALS:
+        raise UsageError(f"{contract.PREEMPT_SIGNAL}={name!r} is not allowed.", "sprite run never exports it so.",
+                         f"Use one of: {', '.join(contract.PREEMPT_SIGNALS)}.")
+    taken = preemption.conflicts(name, environ)
+    if taken:
+        other = "USR2" if name == "USR1" else "USR1"
+        raise UsageError(f"{taken} makes NCCL take SIG{name} for a debug dump, so the ranks would never see the "
+                         "preemption signal.", "NCCL installs that handler when the variable names a signal.",
+                         f"Unset it, or launch with --preempt-signal {other}.")
+    signal.signal(preemption.signum(name), _on_signal)
+    return name

@@ -1,0 +1,208 @@
+"""Nothing the user owns is lost by sprite qsub / sbatch, and every scheduler client call has a deadline.
+
+The data-loss cases run `sprite sbatch` against the real single-node Slurm (tests/slurm_cluster.py), with
+held jobs (`--hold`) so nothing starts; the client deadline and output decoding use small fake clients (shell
+scripts named as fakes) on PATH, in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm_cluster import slurm  # noqa: F401  (fixture)
+from sprite import clients, jobfiles, submit
+from sprite.errors import SpriteError, UsageError, report
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_spec(folder: Path, name: str = "train", **scheduler) -> str:
+    (folder / "noop.py").write_text("print('noop')\n")
+    body = {"site": "local", "script": "noop.py", "devices": 1, "accelerator": "cpu",
+            "scheduler": {"walltime": "00:05:00", **scheduler}}
+    path = folder / f"{name}.job.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return str(path)
+
+
+def snapshot(folder: Path) -> dict:
+    """Every entry under ``folder``: a symlink's target, else a file's bytes and mode (never following links)."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        info = os.lstat(path)
+        key = str(path.relative_to(folder))
+        if stat.S_ISLNK(info.st_mode):
+            out[key] = ("link", os.readlink(path))
+        elif stat.S_ISREG(info.st_mode):
+            out[key] = ("file", path.read_bytes(), stat.S_IMODE(info.st_mode))
+        else:
+            out[key] = ("dir",)
+    return out
+
+
+def fake_client(bin_dir: Path, name: str, body: str) -> None:
+    """A FAKE scheduler client: a shell script standing in for ``name``."""
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir
+
+
+def test_a_hung_client_is_stopped_with_everything_it_started(tmp_path, fake_bin, monkeypatch):
+    pid_file = tmp_path / "sleeper.pid"
+    fake_client(fake_bin, "sbatch", f"sleep 120 &\necho $! > {pid_file}\nwait\n")
+    monkeypatch.setattr(clients, "TIMEOUT", 1.0)
+    prepared = submit.prepare(write_spec(tmp_path), "slurm", cwd=str(tmp_path))
+    start = time.monotonic()
+    with pytest.raises(clients.ClientTimeout) as caught:
+        submit.submit(prepared)
+    assert time.monotonic() - start < 20
+    line = report(caught.value)
+    assert "did not answer within 1 s" in line and "may have been submitted" in line, line
+    assert Path(prepared.script_path).is_file()  # the job may exist: its script stays
+    sleeper = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _running(sleeper):
+        time.sleep(0.1)
+    assert not _running(sleeper), "the client's child outlived the deadline"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_client_output_that_is_not_utf8_is_read_and_escaped(tmp_path, fake_bin):
+    fake_client(fake_bin, "squeue", r"printf '12 tr\377\376in \033[2J RUNNING 0:01 5:00 1 n1\n'" + "\n")
+    text = clients.status("12", clients.pick("slurm", None))
+    assert "tr\ufffd\ufffdin \\x1b[2J RUNNING" in text and "\x1b" not in text  # a job name cannot clear a screen
+
+
+def test_a_refused_submission_leaves_the_users_files_as_they_were(tmp_path, fake_bin):
+    fake_client(fake_bin, "sbatch", "echo 'sbatch: error: \033[31mInvalid account\033[0m' >&2\nexit 1\n")
+    spec = write_spec(tmp_path, output_dir="out/new")
+    before = snapshot(tmp_path)
+    with pytest.raises(UsageError) as caught:
+        submit.submit(submit.prepare(spec, "slurm", cwd=str(tmp_path)))
+    line = report(caught.value)
+    assert "Invalid account" in line and "\\x1b[31m" in line and "\x1b" not in line, line
+    assert snapshot(tmp_path) == before  # no script left behind, and the folders it made are gone
+
+
+def test_every_pbs_submission_gets_its_own_script_and_log(tmp_path, fake_bin):
+    fake_client(fake_bin, "qsub", "echo 4242.server\n")
+    spec = write_spec(tmp_path)
+    done = [submit.submit(submit.prepare(spec, "pbs", cwd=str(tmp_path)))[1] for _ in range(2)]
+    assert [Path(p.script_path).name for p in done] == ["train-1.pbs", "train-2.pbs"]
+    assert [Path(p.log_path).name for p in done] == ["train-1.log", "train-2.log"]
+    assert f"#PBS -o {done[1].log_path}\n" in Path(done[1].script_path).read_text()
+    assert stat.S_IMODE(os.stat(done[0].script_path).st_mode) == 0o600  # owner-only (sprite.owner_only)
+
+
+@pytest.mark.parametrize("output_dir, fragment", [
+    ("afile", "afile is a file, not a folder"), ("afile/sub", "afile is a file, not a folder"),
+    ("/proc/self", "under /proc, a kernel file system"), ("/sys/kernel", "under /sys"),
+])
+def test_an_output_folder_that_cannot_hold_files_is_one_line(tmp_path, fake_bin, output_dir, fragment):
+    fake_client(fake_bin, "sbatch", "echo 1\n")
+    (tmp_path / "afile").write_text("mine\n")
+    prepared = submit.prepare(write_spec(tmp_path, output_dir=output_dir), "slurm", cwd=str(tmp_path))
+    with pytest.raises(SpriteError) as caught:
+        submit.submit(prepared)
+    line = report(caught.value)
+    assert caught.value.exit_code == 2 and fragment in line and "scheduler.output_dir" in line, line
+    assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+def test_an_unwritable_output_folder_is_one_line(tmp_path, fake_bin, monkeypatch):
+    fake_client(fake_bin, "sbatch", "echo 1\n")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:  # root may write anywhere: a FAKE access check answers as any other user's would
+        monkeypatch.setattr(jobfiles.os, "access", lambda path, mode: os.path.abspath(path) != str(locked))
+    prepared = submit.prepare(write_spec(tmp_path, output_dir="locked"), "slurm", cwd=str(tmp_path))
+    with pytest.raises(UsageError) as caught:
+        submit.submit(prepared)
+    assert "locked is not writable for you" in report(caught.value) and not any(locked.iterdir())
+
+
+@pytest.mark.parametrize("body, fragments", [
+    ("strategy: single\ndevices: 2\n", ("job.yaml:2: key 'strategy' = single runs one rank", "1 node(s) x 2")),
+    ("exclude: [nid001, nid002]\nscheduler: {nodes: 2}\n", ("job.yaml:2: key 'exclude' removes every host of the "
+                                                             "requested SLURM allocation",)),
+    ("exclude: [a, b]\nscheduler: {nodes: 1}\n", ("key 'exclude' names 2 hosts, more than the 1 node(s)",)),
+    ("nodes: 2\nexclude: [nid001]\nscheduler: {nodes: 2}\n", ("key 'nodes' = 2 asks for more nodes than the "
+                                                              "requested SLURM allocation has (1",)),
+    ("launcher: mpiexec\nmpi: nosuch\n", ("key 'mpi'", "not a valid choice")),
+])
+def test_submission_plans_the_launch_first(tmp_path, body, fragments):
+    """The launch inside the job is planned for the requested allocation before anything is written."""
+    (tmp_path / "job.yaml").write_text(f"script: {REPO / 'examples' / 'train.py'}\n" + body +
+                                       ("" if "scheduler" in body else "scheduler: {}\n"))
+    with pytest.raises(SpriteError) as caught:
+        submit.prepare(str(tmp_path / "job.yaml"), "slurm", cwd=str(tmp_path))
+    line = report(caught.value)
+    assert all(fragment in line for fragment in fragments), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def sbatch(sprite_cmd, cluster, cwd, spec) -> subprocess.CompletedProcess:
+    return subprocess.run([*sprite_cmd, "sbatch", spec], env=cluster.env, cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.slow
+def test_sbatch_never_replaces_follows_or_chmods_a_users_file(slurm, sprite_cmd, tmp_path):
+    spec = write_spec(tmp_path, output_dir=".", extra=["--hold"])  # held: the jobs never start
+    (tmp_path / "train.sbatch").write_text("#!/bin/sh\necho my own script\n")
+    (tmp_path / "train.sbatch").chmod(0o644)
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious\n")
+    target.chmod(0o640)
+    (tmp_path / "train-1.sbatch").symlink_to(target)
+    before = snapshot(tmp_path)
+    jobs = []
+    try:
+        for expect in ("train-2", "train-3"):
+            done = sbatch(sprite_cmd, slurm, tmp_path, spec)
+            assert done.returncode == 0, done.stderr
+            job_id = re.search(r"submitted \w+ job (\d+)", done.stdout).group(1)
+            jobs.append(job_id)
+            assert re.search(rf"^script\s+{tmp_path}/{expect}\.sbatch$", done.stdout, re.M), done.stdout
+            assert re.search(rf"^log\s+{tmp_path}/{expect}-{job_id}\.log$", done.stdout, re.M), done.stdout
+            assert slurm.job(job_id)["StdOut"] == f"{tmp_path}/{expect}-{job_id}.log"
+        after = snapshot(tmp_path)
+        assert {key: after[key] for key in before} == before  # the script, the symlink and its target as they were
+        assert sorted(set(after) - set(before)) == ["train-2.sbatch", "train-3.sbatch"]
+    finally:
+        if jobs:
+            subprocess.run(["scancel", *jobs], env=slurm.env, capture_output=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_a_submission_slurm_refuses_leaves_everything_as_it_was(slurm, sprite_cmd, tmp_path):
+    spec = write_spec(tmp_path, partition="nosuchpartition", output_dir="jobs/new")
+    (tmp_path / "train.sbatch").write_text("mine\n")
+    before = snapshot(tmp_path)
+    done = sbatch(sprite_cmd, slurm, tmp_path, spec)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "sbatch" in lines[0] and "partition" in lines[0], done.stderr
+    assert snapshot(tmp_path) == before
