@@ -1,5 +1,5 @@
 """The checkpoint check's pure parts: its launch table, scheduling, comparison rules, option checks and the two
-re-keyings of optimizer state (consolidation, FSDP2 resume of a 1-device checkpoint). No processes."""
+re-keyings of optimizer state (consolidation, FSDP2 resume of a 1-device checkpoint). No launches."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from conftest import OUTSIDE_CHECKOUT
 from sprite.errors import UsageError
 from sprite.parity.ckpt_cli import app
 from sprite.parity.ckpt_criterion import difference, restore_checks
@@ -88,7 +89,8 @@ def test_no_out_is_bad_usage():
 def test_the_command_modules_import_nothing_heavy():
     probe = ("import sys, sprite.parity.ckpt_cli, sprite.cli_ckpt, sprite.consolidate; "
              "print(sorted({'torch', 'lightning', 'transformers'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=OUTSIDE_CHECKOUT).stdout
     assert out.strip() == "[]"
 
 
@@ -137,6 +139,13 @@ def test_the_progress_display_shows_each_launch_its_state_and_the_time_left():
     assert "single-fit" in text and "done" in text and "timed out after 60 s" in text and "waiting" in text
     assert "all (19 launches, limit 60 s each)" in text and " s left" in text
     assert 0 < display.left() < float("inf")
+    log = io.StringIO()  # not a terminal (a batch job's log): one line per start and end, the estimate included
+    with Display(table, Console(file=log, force_terminal=False, width=120), 60) as display:
+        display.start("single-fit", 1)
+        display.end("single-fit", "done")
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "single-fit: started, 1 process(es)"
+    assert lines[1].startswith("single-fit: done after ") and lines[1].endswith(" s left") and len(lines) == 2
 
 
 def test_compare_never_writes_over_an_existing_report(tmp_path):
