@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from sprite import integrity
 from sprite.parity.ckpt_cli import app
 from sprite.parity.ckpt_criterion import FAMILIES
 from sprite.parity.ckpt_settings import FAULTS
@@ -104,6 +105,11 @@ def test_roles_run_in_their_own_processes_two_one_process_launches_at_a_time(fp3
     assert sorted(r for s in fit[:3] for r in s["rows"]) == sorted(r for s in fit[3:] for r in s["rows"])
     manifest = json.loads((out / "checkpoints" / "fsdp-killed-epoch1" / "sprite-manifest.json").read_text())
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"}
+    # Owner-only whatever the umask: the folders the check creates are 0700, the files it writes 0600.
+    for folder in (out, out / "launches", out / "single" / "fit", out / "checkpoints"):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    for path in (out / "run.json", out / "single" / "fit" / "rank0.json", out / "checkpoint_report.json"):
+        assert path.stat().st_mode & 0o777 == 0o600, path
 
 
 def test_reshard_resumes_at_half_the_world_with_the_same_global_batch(fp32):
@@ -193,6 +199,7 @@ def test_consolidate_writes_the_file_a_1_device_fit_resumed_from(fp32, tmp_path,
     assert len(exported_checks) >= 12 and all(exported_checks)
     checkpoint = torch.load(out, weights_only=True)
     assert {"state_dict", "optimizer_states", "loops", "lr_schedulers", "global_step"} <= set(checkpoint)
+    assert integrity.verify(out).valid  # the manifest written beside OUT
     assert all(isinstance(key, int) for key in checkpoint["optimizer_states"][0]["state"])
     again = subprocess.run([*sprite_cmd, "ckpt", "consolidate", str(source), str(out)], capture_output=True, text=True)
     assert again.returncode == 2 and "exists already" in again.stderr
