@@ -37,7 +37,8 @@ def _finish(report: dict) -> None:
     raise typer.Exit(EXIT_OK if report["verdict"] == "pass" else 1)
 
 
-def settings_from(precision: str, devices: int, nodes: int, model: str, accelerator: str, time_limit: int):
+def settings_from(precision: str, devices: int, nodes: int, model: str, accelerator: str, time_limit: int,
+                  slots: int = 2):
     """The check's settings. Raises UsageError for any option the check cannot run with."""
     from sprite.parity.ckpt_settings import CkptSettings
     from sprite.parity.usage import check_common
@@ -52,8 +53,11 @@ def settings_from(precision: str, devices: int, nodes: int, model: str, accelera
     if time_limit < 1:
         raise UsageError(f"--time-limit {time_limit} is not a positive number of seconds.", "",
                          "Pass the seconds one launch may take, e.g. --time-limit 1800.")
+    if slots < 2:
+        raise UsageError(f"--slots {slots} is fewer than 2.", "A distributed launch takes two slots.",
+                         "Pass --slots 2 (the default) or more.")
     return CkptSettings(precision=precision, devices=devices, nodes=nodes, model=model, accelerator=accelerator,
-                        time_limit=time_limit)
+                        time_limit=time_limit, slots=slots)
 
 
 def _interruptible(run, *args):
@@ -83,6 +87,8 @@ def ckpt_check(
     accelerator: str = typer.Option("auto", help="auto, cpu, cuda or xpu."),
     time_limit: int = typer.Option(1800, help="Seconds one launch may run; a launch still running then ends the"
                                               " check as not executed."),
+    slots: int = typer.Option(2, help="Launch slots: a one-process launch takes one, a distributed launch two;"
+                                      " more runs independent launches side by side (e.g. 6 on a GPU host)."),
 ) -> None:
     """Run every role, each in its own processes, then compare."""
     if ctx.invoked_subcommand is not None:
@@ -91,7 +97,7 @@ def ckpt_check(
         if out is None:
             raise UsageError("No --out directory given.", "Every check needs a new place for its results.",
                              "Pass --out DIR (a directory that does not exist yet).")
-        settings = settings_from(precision, devices, nodes, model, accelerator, time_limit)
+        settings = settings_from(precision, devices, nodes, model, accelerator, time_limit, slots)
         from rich.console import Console
 
         from sprite.parity.ckpt_compare import compare

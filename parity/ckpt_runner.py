@@ -1,7 +1,8 @@
 """Runs a checkpoint check: claim a fresh DIR, then every launch once the launches it reads from have finished.
 
-Two launch slots: a one-process launch takes one, a distributed launch both, so one-process roles run two at a
-time (independent processes: their results do not change) as the parity runner's single-device arms do. A
+Launch slots (``--slots``, default 2): a one-process launch takes one, a distributed launch two, so by default
+one-process roles run two at a time (independent processes: their results do not change) as the parity runner's
+single-device arms do, and a distributed one alone; more slots run independent launches side by side. A
 launch that fails leaves its dependants skipped; a launch that runs past the time limit ends the check: the
 other running launch is stopped and nothing new starts. Each launch's outcome goes to DIR/launches/KEY.json.
 """
@@ -25,7 +26,7 @@ from sprite.parity.ckpt_roles import Launch, launches, result_dir
 from sprite.parity.ckpt_settings import CkptSettings
 from sprite.parity.arm_launch import launch
 
-SLOTS = 2
+WIDE = 2  # slots a distributed launch takes
 PRIORITY = {"killed": 0, "resume": 1, "reshard": 1, "export": 1, "reload": 2, "fit": 3, "twin": 3}
 
 
@@ -76,22 +77,30 @@ def _one(out, item: Launch, settings, display, cancel, threads) -> tuple[str, in
 
 
 def _next(ready: list[Launch], free: int) -> list[Launch]:
-    """Launches to start now: two one-process ones when two are ready, else a distributed one when all slots
-    are free, else single ones into the free slots."""
+    """Launches to start now in ``free`` slots: a distributed one (two slots) while two slots are free and fewer
+    than two one-process ones wait, else one-process ones (one slot each)."""
     singles = [item for item in ready if item.processes == 1]
     wide = [item for item in ready if item.processes > 1]
-    if wide and free == SLOTS and len(singles) < 2:
-        return [wide[0]]
-    return singles[:free]
+    picked = []
+    while free:
+        if wide and free >= WIDE and len(singles) < 2:
+            picked.append(wide.pop(0))
+            free -= WIDE
+        elif singles:
+            picked.append(singles.pop(0))
+            free -= 1
+        else:
+            break
+    return picked
 
 
 def run_launches(out: pathlib.Path, settings: CkptSettings, console: Console) -> dict:
     """Runs every launch; returns ``{"wall_s": ..., "outcomes": {key: "ok"|"failed"|"timeout"|"skipped"}}``."""
     pending = sorted(launches(settings), key=lambda item: PRIORITY[item.role])
     outcomes, running, cancel = {}, {}, threading.Event()
-    threads = max(1, (os.cpu_count() or 2) // SLOTS)  # two one-process launches share the cores
+    threads = max(1, (os.cpu_count() or 2) // settings.slots)  # one-process launches share the cores
     start = time.monotonic()
-    with Display(pending, console, settings.time_limit) as display, ThreadPoolExecutor(SLOTS) as pool:
+    with Display(pending, console, settings.time_limit) as display, ThreadPoolExecutor(settings.slots) as pool:
         try:
             _loop(out, settings, display, pool, pending, running, outcomes, cancel, threads)
         except BaseException:  # Ctrl-C or SIGTERM: the launches still running stop with everything they started
@@ -115,8 +124,8 @@ def _loop(out, settings, display, pool, pending, running, outcomes, cancel, thre
     while pending or running:
         _skip(out, pending, outcomes, cancel, display)
         ready = [item for item in pending if all(d in outcomes for d in item.after)]
-        used = sum(SLOTS if item.processes > 1 else 1 for item in running.values())
-        for item in _next(ready, SLOTS - used):
+        used = sum(WIDE if item.processes > 1 else 1 for item in running.values())
+        for item in _next(ready, settings.slots - used):
             pending.remove(item)
             running[pool.submit(_one, out, item, settings, display, cancel, threads)] = item
         if running:

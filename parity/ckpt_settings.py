@@ -14,6 +14,7 @@ ARMS = ("single", "ddp", "fsdp", "fsdp_file")
 FSDP_ARMS = ("fsdp", "fsdp_file")  # one FSDP2 training, two checkpoint formats
 EXPORTED = ("ddp", "fsdp_file", "fsdp")  # checkpoints loaded on one device (fsdp after `sprite ckpt consolidate`)
 DEFAULT_TIME_LIMIT_S = 1800
+DEFAULT_SLOTS = 2  # one distributed launch, or two one-process launches, at a time
 
 # fault -> (check families only it can fail, what it does after the restore)
 FAULTS = {
@@ -45,6 +46,7 @@ class CkptSettings:
     seq_len: int = 16
     global_batch: int = 0
     time_limit: int = DEFAULT_TIME_LIMIT_S
+    slots: int = DEFAULT_SLOTS
 
     def __post_init__(self):
         if not self.global_batch:

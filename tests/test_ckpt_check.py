@@ -1,8 +1,9 @@
 """`sprite ckpt-check` end to end on CPU with gloo: real processes launched through sprite's local supervisor.
 
-Two checks are shared across the assertions (module-scoped): FP32 and BF16, `tiny`, 2 ranks, reshard 2 -> 1. Each
-runs every role of the four arms, the reshard, the export and the 12 fault cases; the other tests reuse their
-directories (copies where they alter something), so the module launches two checks and one extra fit.
+Two checks are shared across the assertions (module-scoped): FP32 and BF16, `tiny`, 2 ranks, reshard 2 -> 1, the
+BF16 one with 4 launch slots. Each runs every role of the four arms, the reshard, the export and the 12 fault cases;
+the other tests reuse their directories (copies where they alter something), so the module launches two checks and
+one extra fit.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def fp32(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory):
-    return _run(tmp_path_factory, "bf16", "--precision", "bf16-mixed")
+    return _run(tmp_path_factory, "bf16", "--precision", "bf16-mixed", "--slots", "4")
 
 
 def processes() -> str:
@@ -110,6 +111,15 @@ def test_roles_run_in_their_own_processes_two_one_process_launches_at_a_time(fp3
         assert folder.stat().st_mode & 0o777 == 0o700, folder
     for path in (out / "run.json", out / "single" / "fit" / "rank0.json", out / "checkpoint_report.json"):
         assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_four_slots_run_distributed_launches_side_by_side_and_still_pass(bf16):
+    out, code, _ = bf16
+    outcomes = {path.stem: json.loads(path.read_text()) for path in (out / "launches").glob("*.json")}
+    wide = [key for key in outcomes if key.split("-")[0] in ("ddp", "fsdp", "fsdp_file") and key != "fsdp-reshard"]
+    side_by_side = [(a, b) for a in wide for b in outcomes if a != b and outcomes[a]["started"] < outcomes[b]["ended"]
+                    and outcomes[b]["started"] < outcomes[a]["ended"]]
+    assert code == 0 and side_by_side and json.loads((out / "run.json").read_text())["slots"] == 4
 
 
 def test_reshard_resumes_at_half_the_world_with_the_same_global_batch(fp32):

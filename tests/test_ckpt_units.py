@@ -45,6 +45,15 @@ def test_two_one_process_launches_share_the_slots_and_a_distributed_one_takes_bo
     assert _next([wide], 1) == []
 
 
+def test_more_slots_start_independent_launches_side_by_side():
+    one, two, three, wide, wider = (_launch("a", 1), _launch("b", 1), _launch("c", 1), _launch("w", 2),
+                                    _launch("v", 4))
+    assert _next([one, two, wide, wider], 6) == [one, wide, wider, two]  # a distributed launch takes two slots
+    assert _next([one, wide, wider], 3) == [wide, one]
+    assert _next([one, two, three, wide], 4) == [one, two, wide]  # ... when two one-process ones don't wait
+    assert _next([one, two, three, wide], 3) == [one, two, three]
+
+
 SAVED = {"trainables": {"a": "1", "b": "2"}, "optimizer": {"a/exp_avg": "3"}, "optimizer_devices": ["cuda:1"],
          "param_groups": [{"lr": 0.1}], "scheduler": {"last_epoch": 3}, "frozen": {"f": "4"},
          "loop": {"global_step": 3, "next_epoch": 1}}
@@ -74,6 +83,7 @@ def test_a_restore_differs_only_where_the_state_differs():
     (["--precision", "fp8"], "--precision"),
     (["--model", "Qwen/Qwen2.5-0.5B"], "hub"),
     (["--time-limit", "0"], "--time-limit"),
+    (["--slots", "1"], "--slots"),
 ])
 def test_bad_usage_exits_2_before_anything_is_written(args, words, tmp_path):
     result = CliRunner().invoke(app, ["--out", str(tmp_path / "never"), *args])
