@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
 
 from sprite import owner_only
 from sprite.parity.settings import DISTRIBUTED_ARMS, Settings
@@ -34,15 +35,28 @@ def arm_overrides(out: pathlib.Path, arm: str, fault: str | None, settings: Sett
     }
 
 
-def launch_arm(out: pathlib.Path, arm: str, fault: str | None, settings: Settings, log: pathlib.Path,
-               threads: int = 0) -> int:
-    """Runs one arm to completion and returns the launcher's exit code; all output goes to ``log``.
+def launch(flags: dict, log: pathlib.Path, limit: float | None = None, cancel=None) -> int | None:
+    """Plans ``flags`` (JobSpec fields) as `sprite run` would and runs it to completion, all output to ``log``.
 
-    Raises UsageError when the launch cannot be planned (e.g. --nodes > 1 outside an allocation).
+    Returns the launcher's exit code, or None when it ran past ``limit`` seconds; by then every process it
+    started has been stopped. Raises InterruptedError when ``cancel`` (a threading.Event) was set (the launch
+    is stopped first), UsageError when the launch cannot be planned (e.g. --nodes > 1 outside an
+    allocation).
     """
     from sprite.execute import run_plan
     from sprite.plan import plan_run
 
-    plan = plan_run(arm_overrides(out, arm, fault, settings, threads))
+    plan = plan_run(flags)
     owner_only.make_dirs(log.parent)
-    return run_plan(plan, log_path=log)
+    try:
+        return run_plan(plan, log_path=log, timeout=limit, cancel=cancel)
+    except subprocess.TimeoutExpired:
+        with owner_only.open_log(log) as handle:
+            handle.write(f"sprite: stopped: still running after the time limit of {limit:g} s\n".encode())
+        return None
+
+
+def launch_arm(out: pathlib.Path, arm: str, fault: str | None, settings: Settings, log: pathlib.Path,
+               threads: int = 0, limit: float | None = None) -> int | None:
+    """Runs one arm (see ``launch``): its exit code, or None when it ran past ``limit`` seconds."""
+    return launch(arm_overrides(out, arm, fault, settings, threads), log, limit)

@@ -7,7 +7,6 @@ torch, lightning or transformers): `sprite --help` stays instant. Exit codes: 0 
 from __future__ import annotations
 
 import enum
-import importlib.util
 import json
 import pathlib
 import sys
@@ -72,27 +71,23 @@ def _fail(err: SpriteError) -> None:
     raise typer.Exit(err.exit_code)
 
 
-def _settings(precision, devices, nodes, model, accelerator, fault):
+def _settings(precision, devices, nodes, model, accelerator, fault, time_limit=1800):
     from sprite.parity import faults
-    from sprite.parity.settings import PRESETS, Settings
+    from sprite.parity.settings import Settings
+    from sprite.parity.usage import check_common
 
-    if devices * nodes < 2:
+    model = check_common("parity", precision, accelerator, model,
+                         "Parity has a rule only for FP32 and for BF16 autocast (criterion v2).")
+    if devices < 1 or nodes < 1 or devices * nodes < 2:
         raise UsageError(f"--devices {devices} --nodes {nodes} gives {devices * nodes} rank(s).",
                          "Parity compares a distributed run with one device, so it needs more than one rank.",
                          "Pass --devices 2 or more.")
-    missing = [name for name in ("peft", "transformers") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise UsageError(f"sprite parity needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
-                         " not installed here.", "They are an optional extra of sprite (the LoRA recipe).",
-                         "pip install 'sprite-hpc[parity]' (or peft and transformers), then run again.")
-    if model not in PRESETS and not (pathlib.Path(model) / "config.json").is_file():
-        raise UsageError(f"--model {model!r} is neither a preset nor a checkpoint directory.",
-                         "Hub ids are not fetched (the hub is never contacted).",
-                         f"Pass {', '.join(PRESETS)} or a local directory holding config.json.")
-    model = model if model in PRESETS else str(pathlib.Path(model).resolve())
+    if time_limit < 1:
+        raise UsageError(f"--time-limit {time_limit} is not a positive number of seconds.", "",
+                         "Pass the seconds one arm may take, e.g. --time-limit 1800.")
     chosen = faults.validate(list(fault or []), precision, devices * nodes)
     return Settings(precision=precision, devices=devices, nodes=nodes, model=model, accelerator=accelerator,
-                    faults=chosen)
+                    faults=chosen, time_limit=time_limit)
 
 
 @app.command("run")
@@ -106,12 +101,15 @@ def run_command(
         None, help="A negative control to run (repeatable; bf16-mixed only): " + ", ".join(FAULTS) + "."),
     accelerator: Accelerator = typer.Option(Accelerator("auto"),
                                             help="Device of every arm (auto: xpu, then cuda, then cpu)."),
+    time_limit: int = typer.Option(1800, min=1, help="Seconds one arm may run; an arm still running then ends "
+                                                      "the check as not executed."),
     details: bool = DETAILS,
     json_out: bool = JSON_OUT,
 ) -> None:
     """Run every arm, each in its own processes, showing their progress; then compare and print the verdict."""
     try:
-        settings = _settings(precision.value, devices, nodes, model, accelerator.value, [f.value for f in fault or []])
+        settings = _settings(precision.value, devices, nodes, model, accelerator.value, [f.value for f in fault or []],
+                             time_limit)
         from rich.console import Console
 
         from sprite.parity.compare import compare

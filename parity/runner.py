@@ -48,12 +48,18 @@ def _label(arm: str, fault: str | None) -> str:
 
 
 def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threads: int = 0) -> int:
+    """Runs one arm; returns its exit code. Raises ResultError when it ran past settings.time_limit."""
     label = _label(arm, fault)
     log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
     board.start(label)
     wall = time.time()
-    code = launch_arm(out, arm, fault, settings, log, threads)
+    code = launch_arm(out, arm, fault, settings, log, threads, settings.time_limit)
     stamps[label] = (wall, time.time())
+    if code is None:  # a hung arm ends the check instead of hanging it
+        board.finish(label, False, f"not executed: timed out after {settings.time_limit:g} s")
+        raise ResultError(f"Arm {label} not executed: timed out after {settings.time_limit:g} s.",
+                          "It hung or runs slower than the limit (see its log); the check stopped there.",
+                          f"Read {log}; for a slow machine or a large model raise --time-limit.")
     board.finish(label, code == 0, "" if code == 0 else f"exit code {code}, see {log}")
     return code
 
@@ -71,7 +77,8 @@ def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[st
 
     The one-process arms run two at a time (independent processes, so their results do not change); the
     distributed arms run one after another. Raises ResultError when a clean arm fails (nothing can be compared
-    without it). A failed fault case is left for the comparison, which reports it as not executed.
+    without it) or any arm runs past settings.time_limit seconds. A failed fault case is left for the comparison,
+    which reports it as not executed.
     """
     cases = faults.cases(settings.faults)
     with ProgressBoard(console, _items(settings, cases), "parity arms") as board:

@@ -49,6 +49,7 @@ class Settings:
     clip: float = 0.01
     seq_len: int = 16
     global_batch: int = 0
+    time_limit: int = 1800  # seconds one arm's launch may run before the check ends as not executed
 
     def __post_init__(self):
         if not self.global_batch:

@@ -175,10 +175,12 @@ def _mount_subcommands() -> None:
     from sprite.cli_ckpt import app as ckpt_app
     from sprite.cli_submit import register
     from sprite.parity.bench_cli import app as bench_app
+    from sprite.parity.ckpt_cli import app as ckpt_check_app
     from sprite.parity.cli import app as parity_app
 
     register(app)
     app.add_typer(parity_app, name="parity")
+    app.add_typer(ckpt_check_app, name="ckpt-check")
     app.add_typer(ckpt_app, name="ckpt")
     cli_runs.register(app)
     app.add_typer(bench_app, name="bench")

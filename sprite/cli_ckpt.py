@@ -1,7 +1,9 @@
-"""``sprite ckpt verify PATH`` and ``sprite ckpt list DIR``: check checkpoints against their sprite manifests.
+"""``sprite ckpt verify PATH`` and ``sprite ckpt list DIR``: check checkpoints against their sprite manifests;
+``sprite ckpt consolidate CKPT_DIR OUT``: an FSDP2 sharded checkpoint -> one file a 1-device fit resumes from.
 
-No torch or lightning here: a login node verifies a checkpoint with the standard library alone.
-Exit codes: 0 valid, 1 invalid (the reason on one line), 2 bad usage.
+No torch or lightning at import: a login node verifies a checkpoint with the standard library alone (consolidate
+imports torch inside the command). Exit codes: 0 valid (or written), 1 invalid (the reason on one line), 2 bad
+usage.
 """
 
 from __future__ import annotations
@@ -83,3 +85,20 @@ def _table(entries, folder: str) -> None:
 
 def _text(value) -> str:
     return "-" if value is None else str(value)
+
+
+@app.command("consolidate")
+def consolidate_command(
+    ckpt_dir: Path = typer.Argument(..., help="An FSDP2 sharded checkpoint (a torch.distributed.checkpoint folder"
+                                              " saved by FSDP2Strategy/ModelParallelStrategy)."),
+    out: Path = typer.Argument(..., help="The file to write; it must not exist."),
+) -> None:
+    """Write one checkpoint file that torch.load reads and a 1-device Lightning fit resumes from (ckpt_path=OUT).
+
+    A sprite manifest is written beside OUT; a CKPT_DIR with a sprite manifest must match it first.
+    """
+    from sprite.consolidate import consolidate
+
+    done = consolidate(ckpt_dir, out)
+    note = "verified against its manifest" if done["source_sealed"] else "no sprite manifest to verify it against"
+    typer.echo(f"wrote {out} ({done['bytes']} bytes) from {ckpt_dir} ({note})")

@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from sprite import owner_only
@@ -43,13 +45,35 @@ def resolve_program(plan: LaunchPlan) -> str:
     return found
 
 
-def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: float | None = None) -> int:
+def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: float | None = None,
+             cancel: threading.Event | None = None) -> int:
     """Run the plan as a child process and return its exit code; output goes to ``log_path`` if given (appended;
     created 0600).
 
-    Raises UsageError when the launcher program is missing; subprocess.TimeoutExpired after ``timeout``.
+    The launcher starts in a session of its own. If ``timeout`` passes, ``cancel`` is set, or this thread is
+    interrupted, the launcher's process group gets SIGTERM (sprite's supervisor and mpiexec pass it to the
+    ranks), then SIGKILL after a grace period, before the exception goes on.
+
+    Raises UsageError when the launcher program is missing; subprocess.TimeoutExpired after ``timeout``;
+    InterruptedError when ``cancel`` was set.
     """
+    from sprite.supervisor import GRACE_SECONDS, stop_all
+
     program = resolve_program(plan)
+    deadline = None if timeout is None else time.monotonic() + timeout
     with owner_only.open_log(log_path) if log_path is not None else contextlib.nullcontext() as log:
-        return subprocess.run([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, stdout=log,
-                              stderr=subprocess.STDOUT if log else None, timeout=timeout).returncode
+        proc = subprocess.Popen([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, stdout=log,
+                                stderr=subprocess.STDOUT if log else None, start_new_session=True)
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise subprocess.TimeoutExpired(plan.argv, timeout) from None
+                    if cancel is not None and cancel.is_set():
+                        raise InterruptedError("cancelled") from None
+        except BaseException:
+            # The supervisor's own grace (SIGTERM to SIGKILL of its ranks) fits inside this one.
+            stop_all([proc], grace=2 * GRACE_SECONDS)
+            raise

@@ -8,14 +8,18 @@ Differences from ModelParallelStrategy (Lightning 2.6.6 pytorch/strategies/model
   be averaged across ranks (a DTensor from tensor parallelism alone is not enough);
 - under an external launcher the launched process count must equal devices x num_nodes (Lightning checks
   this only for DDP);
-- the process-group backend comes from sprite's device table.
+- the process-group backend comes from sprite's device table;
+- a 1-device or DDP checkpoint file resumes even when the optimizer holds only the trainable parameters (LoRA),
+  which Lightning refuses with "Missing optimizer state" (see ``fsdp2_load``).
 """
 
 from __future__ import annotations
 
 import os
 import types
+from pathlib import Path
 
+import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -24,6 +28,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from sprite.errors import UsageError
+from sprite.runtime import fsdp2_load
 from sprite.runtime.devices import backend_for
 from sprite.runtime.shard import block_classes, shard_model
 
@@ -110,6 +115,22 @@ class FSDP2Strategy(ModelParallelStrategy):
                 "The Trainer's devices or num_nodes differ from the launch.",
                 "Set devices to the ranks per node and num_nodes to the node count of the launch.",
             )
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        """Lightning's load, except a full-state file saved on 1 device or by DDP: its optimizer state is keyed by
+        position, which Lightning maps through every model parameter and so fails for LoRA (see fsdp2_load).
+
+        Raises UsageError when such a file's optimizer holds another number of parameters than this one.
+        """
+        from lightning.fabric.strategies.fsdp import _is_full_checkpoint
+
+        path = Path(self.broadcast(checkpoint_path))
+        if not _is_full_checkpoint(path) or not self.optimizers:
+            return super().load_checkpoint(path, weights_only=weights_only)
+        checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
+        if not fsdp2_load.positional(checkpoint):
+            return super().load_checkpoint(path, weights_only=weights_only)
+        return fsdp2_load.restore(self.model, self.optimizers, checkpoint, self.lightning_module.strict_loading)
 
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or backend_for(self.root_device)

@@ -1,0 +1,231 @@
+"""Checkpoint save and load with sprite's integrity (write once, fsync, SHA-256 manifest, verify before load)
+against a plain torch.save / torch.load of the same state, measured in the same run.
+
+The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) is sharded with FSDP2 over the
+launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint holds: every weight, frozen ones
+included, and the adapter's optimizer state. Two formats:
+The sprite side is what sprite's runtime does with every checkpoint (sprite.runtime.ckpt_seal, hashed_save);
+loads verify first, as ckpt-check's ranks and `sprite run --resume` do.
+- sharded: a torch.distributed.checkpoint folder, each rank fsyncing and hashing its own shards, rank 0 sealing;
+  load = every rank verifies the folder, then dcp.load. Baseline: each rank torch.save / torch.load of its own
+  local shards, one file per rank.
+- full state: the gathered state on rank 0 written by the runtime's hashed save (serialised, written under a
+  temporary name with fsync while another thread hashes the bytes, renamed), then sealed; load = verify, then
+  torch.load.
+  Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering is done once, outside both
+  timings (it is Lightning's cost, the same for both).
+Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name.
+
+    python benchmarks/checkpoint_io.py [--model qwen2.5-0.5b-shape] [--devices 2] [--accelerator auto] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+
+def _state(model_name: str, accelerator: str):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from sprite.parity import recipe
+    from sprite.parity.settings import Settings
+    from sprite.runtime.devices import backend_for, device_type
+    from sprite.runtime.shard import shard_model
+
+    kind = device_type(accelerator)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(kind.name, local) if kind.name != "cpu" else torch.device("cpu")
+    dist.init_process_group(backend_for(device))
+    model = recipe.build_model(Settings(model=model_name, global_batch=2)).to(device)
+    shard_model(model, init_device_mesh(device.type, (dist.get_world_size(),)))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    recipe.row_loss(model, torch.zeros(2, 8, dtype=torch.long, device=device), torch.zeros(2, dtype=torch.long,
+                                                                                           device=device)).backward()
+    optimizer.step()
+    return model, optimizer, get_model_state_dict, get_optimizer_state_dict
+
+
+def _timed(fn) -> float:
+    import torch.distributed as dist
+
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def _folder_bytes(path: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _seal(path: pathlib.Path, rank: int, world: int) -> None:
+    """What sprite's runtime does after every save (sprite.runtime.ckpt_seal): each of ``world`` ranks fsyncs and
+    hashes the files it wrote (a single file hashed while written is not read again), rank 0 seals them all."""
+    import torch.distributed as dist
+
+    from sprite import integrity
+    from sprite.runtime.ckpt_seal import _describe_mine
+
+    mine = _describe_mine(path, rank, world)
+    reports = [mine]
+    if world > 1:  # a full-state file is rank 0's alone: no gather
+        reports = [None] * world
+        dist.all_gather_object(reports, mine)
+    if rank == 0:
+        assert all(ok for ok, _ in reports), reports
+        integrity.seal(path, {"bench": True}, {rel: entry for _, files in reports for rel, entry in files.items()})
+
+
+def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
+    """One repeat of the sharded format: sprite's sealed DCP save and verified load, and the per-rank baseline."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from sprite import integrity
+
+    folder, plain = root / f"dcp{repeat}", root / f"plain{repeat}"
+    local = {key: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in part.items()}
+             for key, part in (("model", state["model"]), ("optim", _flat(state["optim"])))}
+    world = dist.get_world_size()
+
+    def sprite_save():
+        if rank == 0:
+            folder.mkdir()
+        dist.barrier()
+        dcp.save(state, checkpoint_id=folder)
+        _seal(folder, rank, world)
+
+    def plain_save():
+        if rank == 0:
+            plain.mkdir()
+        dist.barrier()
+        torch.save(local, plain / f"rank{rank}.pt")
+
+    def sprite_load():  # as ckpt-check's ranks and `sprite run --resume` do: verify, then load
+        assert integrity.verify(folder).valid, "the sealed folder does not verify"
+        dcp.load(state, checkpoint_id=folder)
+
+    def plain_load():
+        torch.load(plain / f"rank{rank}.pt", weights_only=True)
+
+    times = {"plain_save": _timed(plain_save), "sprite_save": _timed(sprite_save),
+             "plain_load": _timed(plain_load), "sprite_load": _timed(sprite_load)}
+    return {**times, "plain_bytes": _folder_bytes(plain) if rank == 0 else 0,
+            "sprite_bytes": _folder_bytes(folder) if rank == 0 else 0}
+
+
+def _flat(optim: dict) -> dict:
+    """An optimizer state dict's tensors as one flat name -> tensor mapping."""
+    return {f"{name}/{key}": value for name, entry in optim["state"].items() for key, value in entry.items()}
+
+
+def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
+    """One repeat of the full-state format on rank 0: sprite's hashed write and seal, verified load; the baseline."""
+    import torch
+
+    from sprite import integrity
+    from sprite.runtime.hashed_save import atomic_save
+
+    path, plain = root / f"full{repeat}.ckpt", root / f"full{repeat}.plain.ckpt"
+
+    def sprite_save():  # Lightning's TorchCheckpointIO write under sprite's runtime, then the seal
+        if rank == 0:
+            atomic_save(state, path)
+            _seal(path, rank, 1)
+
+    def plain_save():
+        if rank == 0:
+            torch.save(state, plain)
+
+    def sprite_load():
+        if rank == 0:
+            assert integrity.verify(path).valid, "the sealed file does not verify"
+            torch.load(path, weights_only=True)
+
+    def plain_load():
+        if rank == 0:
+            torch.load(plain, weights_only=True)
+
+    times = {"plain_save": _timed(plain_save), "sprite_save": _timed(sprite_save),
+             "plain_load": _timed(plain_load), "sprite_load": _timed(sprite_load)}
+    return {**times, "plain_bytes": plain.stat().st_size if rank == 0 else 0,
+            "sprite_bytes": path.stat().st_size if rank == 0 else 0}
+
+
+def worker(args) -> None:
+    """Inside every rank (launched by ``main`` through sprite's plan)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    model, optimizer, get_model, get_optim = _state(args.model, args.accelerator)
+    rank = dist.get_rank()
+    sharded = {"model": get_model(model), "optim": get_optim(model, optimizer)}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = {"state_dict": get_model(model, options=options), "optimizer_states": [get_optim(model, optimizer,
+                                                                                            options=options)]}
+    root = pathlib.Path(args.out)
+    runs = {"sharded": [], "full state": []}
+    for repeat in range(args.repeats):
+        runs["sharded"].append(_sharded(root, sharded, rank, repeat))
+        runs["full state"].append(_full(root, full, rank, repeat))
+    if rank == 0:
+        medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
+                   for fmt, rows in runs.items()}
+        print("RESULT " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians}))
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-0.5b-shape")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    import subprocess
+
+    from sprite.execute import resolve_program
+    from sprite.plan import plan_run
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("SPRITE_BENCH_TMP")) as tmp:
+        flags = {"script": os.path.abspath(__file__), "devices": args.devices, "strategy": "fsdp",
+                 "accelerator": args.accelerator, "env": {"HF_HUB_OFFLINE": "1"},
+                 "args": ["--worker", "--out", tmp, "--model", args.model, "--accelerator", args.accelerator,
+                          "--repeats", str(args.repeats)]}
+        plan = plan_run(flags)
+        run = subprocess.run([resolve_program(plan), *plan.argv[1:]], env={**os.environ, **plan.env},
+                             capture_output=True, text=True)
+    line = next((l for l in run.stdout.splitlines() if "RESULT " in l), None)
+    if run.returncode != 0 or line is None:
+        print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
+        return 1
+    result = json.loads(line.split("RESULT ", 1)[1])
+    print(f"model {result['model']}, {result['world']} ranks, medians of {args.repeats}; sprite = write once,"
+          " fsync, SHA-256 manifest / verify before load")
+    for fmt, m in result["medians"].items():
+        print(f"{fmt:>10}: save {m['sprite_save']:.2f} s vs plain {m['plain_save']:.2f} s (ratio"
+              f" {m['sprite_save'] / m['plain_save']:.2f}); load {m['sprite_load']:.2f} s vs plain"
+              f" {m['plain_load']:.2f} s (ratio {m['sprite_load'] / m['plain_load']:.2f}); bytes"
+              f" {m['sprite_bytes'] / 1e6:.1f} MB vs {m['plain_bytes'] / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
