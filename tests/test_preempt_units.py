@@ -219,27 +219,26 @@ def test_the_preemption_save_goes_where_resume_auto_looks(tmp_path):
     assert preempt.checkpoint_folder(trainer) == str(tmp_path / "checkpoints")
 
 
-class _Strategy:
-    def __init__(self):
-        self.asked = []
-
-    def reduce_boolean_decision(self, decision, all=True):
-        self.asked.append(decision)
-        return decision
-
-
 class _Trainer:
     def __init__(self, world_size):
-        self.world_size, self.strategy = world_size, _Strategy()
+        import torch
+
+        self.world_size, self.strategy = world_size, type("Strategy", (), {"root_device": torch.device("cpu")})()
 
 
 @pytest.mark.parametrize("world, collectives", [(1, 0), (2, 1)])
-def test_one_rank_reads_its_own_flag_and_several_agree_through_one_collective(monkeypatch, world, collectives):
+def test_one_rank_reads_its_own_flag_and_several_agree_through_one_all_reduce(monkeypatch, world, collectives):
+    import torch.distributed as dist
+
     from sprite.runtime import preempt
 
+    calls = []
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op: calls.append((int(tensor.item()), op)))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))  # Lightning's reduce has one
     trainer = _Trainer(world)
     monkeypatch.setattr(preempt_signal, "received", [])
     assert preempt.PreemptCallback._any_rank_signalled(trainer) is False
     monkeypatch.setattr(preempt_signal, "received", [signal.SIGUSR1])
     assert preempt.PreemptCallback._any_rank_signalled(trainer) is True
-    assert len(trainer.strategy.asked) == 2 * collectives  # no per-step collective (device sync) for one rank
+    # no per-step collective (a device sync) for one rank; one MAX all-reduce and no barrier for several
+    assert calls == [(0, dist.ReduceOp.MAX), (1, dist.ReduceOp.MAX)][:2 * collectives]

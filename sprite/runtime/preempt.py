@@ -1,17 +1,16 @@
 """Preemption inside the ranks: on ``SPRITE_PREEMPT_SIGNAL`` checkpoint at the next step boundary and exit 75.
 
-The handler only records the signal. After each optimizer step every rank joins one small collective, Lightning's
-``reduce_boolean_decision(any)`` (a one-element all-reduce through the strategy, so on every device and backend):
-it is true when any rank has received the signal, so a rank the signal reached late, or not at all, stops at the
-same step as the others. Lightning 2.6.6 already pays one such collective every training step for SIGTERM
-(loops/training_epoch_loop.py:259-272, 299-300) when there is more than one rank, so this adds one more of the same
-size; a world of one rank skips it and reads its own flag. The ranks then run the
-LightningModule's own ``on_train_batch_end`` (this callback runs after every other callback, ModelCheckpoint
-included, and before the module's hook), save through ``Trainer.save_checkpoint`` (sealed with a manifest by
-ckpt_seal) into the script's checkpoint folder, where ``--resume auto`` looks, and raise :class:`Preempted`,
-which ``python -m sprite.runtime`` turns into exit code ``errors.EXIT_PREEMPTED`` once every rank has left the
-process group. Lightning installs a requeue handler only for its own SLURMEnvironment (Lightning 2.6.6
-trainer/connectors/signal_connector.py:53), so without this a sprite rank dies of the signal.
+The handler only records the signal. After each optimizer step every rank joins one small collective, a one-element
+MAX all-reduce on the strategy's device and backend: it is true when any rank has received the signal, so a rank the
+signal reached late, or not at all, stops at the same step as the others. Lightning 2.6.6 already pays one such
+collective every training step for SIGTERM (loops/training_epoch_loop.py:259-272, 299-300) when there is more than
+one rank, so this adds one more of the same size; a world of one rank skips it and reads its own flag. The ranks
+then run the LightningModule's own ``on_train_batch_end`` (this callback runs after every other callback,
+ModelCheckpoint included, and before the module's hook), save through ``Trainer.save_checkpoint`` (sealed with a
+manifest by ckpt_seal) into the script's checkpoint folder, where ``--resume auto`` looks, and raise
+:class:`Preempted`, which ``python -m sprite.runtime`` turns into exit code ``errors.EXIT_PREEMPTED`` once every
+rank has left the process group. Lightning installs a requeue handler only for its own SLURMEnvironment (Lightning
+2.6.6 trainer/connectors/signal_connector.py:53), so without this a sprite rank dies of the signal.
 """
 
 from __future__ import annotations
@@ -81,7 +80,15 @@ class PreemptCallback(Callback):
             # Alone, a rank needs no agreement: the collective would only add a device synchronisation per step
             # (its .item()), ~15% of a launch-bound H200 step (FACTS.md), which Lightning pays only above 1 rank.
             return got
-        return trainer.strategy.reduce_boolean_decision(got, all=False)
+        # One all-reduce, not Lightning's reduce_boolean_decision: that goes through _sync_ddp, which runs a
+        # barrier first (lightning/fabric/utilities/distributed.py:212); on 2 H200s with NCCL the pair cost
+        # ~30 ms a step (benchmarks/preempt_resume.py, docs/runs/h200x2-2026-11-30).
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(got)], dtype=torch.int32, device=trainer.strategy.root_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 def _last(attach, connector) -> None:
