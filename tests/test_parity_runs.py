@@ -190,7 +190,7 @@ def test_command_module_imports_nothing_heavy():
 
 def test_an_arm_past_the_time_limit_ends_the_check_as_not_executed(tmp_path):
     out = tmp_path / "run"
-    code, text = invoke("--out", str(out), "--devices", "2", "--time-limit", "2")
+    code, text = invoke("run", "--out", str(out), "--devices", "2", "--time-limit", "2")
     assert code == 1 and "not executed: timed out after 2 s" in text
     left = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout  # ww: uncut lines
     assert str(out) not in left  # the stopped arm left nothing running
