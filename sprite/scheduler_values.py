@@ -44,12 +44,17 @@ def token(value: Any, complain: Complain) -> str:
     return text
 
 
-def name(value: Any, complain: Complain) -> str:
+def _matching(value: Any, complain: Complain, pattern: re.Pattern, what: str, allowed: str) -> str:
+    """A directive-safe token that ``pattern`` matches whole; else ``complain`` that it is not ``what``."""
     text = token(value, complain)
-    if not NAME.fullmatch(text):
-        raise complain(f"{show(text)} is not a plain name.", "up to 128 letters, digits, _ . - (starting with a "
-                       "letter or digit)")
+    if not pattern.fullmatch(text):
+        raise complain(f"{show(text)} is not {what}.", allowed)
     return text
+
+
+def name(value: Any, complain: Complain) -> str:
+    return _matching(value, complain, NAME, "a plain name",
+                     "up to 128 letters, digits, _ . - (starting with a letter or digit)")
 
 
 def walltime(value: Any, complain: Complain) -> str:
@@ -75,11 +80,8 @@ def names(value: Any, complain: Complain) -> tuple[str, ...]:
 
 
 def place(value: Any, complain: Complain) -> str:
-    text = token(value, complain)
-    if not PLACE.fullmatch(text):
-        raise complain(f"{show(text)} is not a PBS placement.", "free, pack or scatter, optionally :excl, :shared, "
-                       ":exclhost or :group=<resource>, e.g. scatter or scatter:excl")
-    return text
+    return _matching(value, complain, PLACE, "a PBS placement", "free, pack or scatter, optionally :excl, :shared, "
+                     ":exclhost or :group=<resource>, e.g. scatter or scatter:excl")
 
 
 def select(value: Any, complain: Complain) -> str:
