@@ -1,7 +1,8 @@
 """The manifest of a sealed checkpoint or result: where it lives, what it lists, and whether the target matches.
 
 A manifest is ``sprite.canonical`` JSON (it carries the SHA-256 of its own content) holding ``kind`` (file or
-dir), ``name``, ``meta`` and ``files`` (``{relpath: {"size", "sha256"}}``). Stdlib only; ``sprite.integrity``
+dir), ``name``, ``meta`` and ``files`` (``{relpath: {"size", "sha256"}}``, or for a file over 64 MiB
+``{"size", "chunk_bytes", "sha256_chunks"}``: see ``sprite.digest``). Stdlib only; ``sprite.integrity``
 writes manifests and re-exports what is here.
 """
 
@@ -12,8 +13,8 @@ import stat
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from sprite import canonical
-from sprite.writeonce import IntegrityError, sha256_file
+from sprite import canonical, digest
+from sprite.writeonce import IntegrityError
 
 MANIFEST_NAME = "sprite-manifest.json"  # inside a sealed folder
 MANIFEST_SUFFIX = ".sprite-manifest.json"  # beside a sealed file
@@ -37,8 +38,9 @@ def _is_ours(name: str) -> bool:
 
 
 def describe(root, names=None) -> dict:
-    """``{relpath: {"size", "sha256"}}`` for ``names`` (relative to folder ``root``), or for every file under it
-    (the manifest excluded) when ``names`` is None; a file ``root`` describes itself under its own name.
+    """``{relpath: entry}`` (``sprite.digest``'s description) for ``names`` (relative to folder ``root``), or for
+    every file under it (the manifest excluded) when ``names`` is None; a file ``root`` describes itself under its
+    own name.
 
     Raises:
         IntegrityError: a listed entry is a symlink or not a regular file. OSError: a file cannot be read.
@@ -47,14 +49,13 @@ def describe(root, names=None) -> dict:
     if names is None:
         names = [root.name] if root.is_file() else _walk(root)
         root = root.parent if root.is_file() else root
-    result = {}
-    for name in sorted(names):
-        info = os.lstat(root / name)
-        if not stat.S_ISREG(info.st_mode):
+    names = sorted(names)
+    for name in names:
+        if not stat.S_ISREG(os.lstat(root / name).st_mode):
             raise IntegrityError(f"{root / name} is not a regular file (a symlink, folder or device).",
                                  "Only regular files can be sealed.", "Remove it from the checkpoint folder.")
-        result[Path(name).as_posix()] = {"size": info.st_size, "sha256": sha256_file(root / name)}
-    return result
+    entries = digest.files([root / name for name in names])
+    return {Path(name).as_posix(): entry for name, entry in zip(names, entries)}
 
 
 def _walk(root: Path) -> list[str]:
@@ -128,8 +129,10 @@ def _check_files(root: Path, files: dict) -> str:
             return f"{rel} is not a regular file"
         if info.st_size != entry.get("size"):
             return f"{rel} has {info.st_size} bytes, the manifest says {entry.get('size')}"
-    for rel, entry in sorted(files.items()):
-        if sha256_file(root / rel) != entry.get("sha256"):
+    listed = sorted(files.items())
+    found = digest.files([root / rel for rel, _ in listed])
+    for (rel, entry), description in zip(listed, found):
+        if not digest.same(description, entry):
             return f"{rel} does not match its SHA-256 in the manifest (changed after the save)"
     return ""
 

@@ -132,8 +132,8 @@ def test_single_file_saves_are_hashed_while_written(tmp_path):
     target = tmp_path / "epoch=0-step=1.ckpt"
     hashed_save.atomic_save({"w": list(range(1000))}, target)
     assert os.listdir(tmp_path) == [target.name]  # written whole under a temporary name, then renamed
-    assert hashed_save.known_digest(target) == hashlib.sha256(target.read_bytes()).hexdigest()
+    assert hashed_save.known_entry(target)["sha256"] == hashlib.sha256(target.read_bytes()).hexdigest()
     hashed_save.atomic_save({"w": [1]}, target)  # a later save to the name replaces it, as Lightning's does
-    assert hashed_save.known_digest(target) == hashlib.sha256(target.read_bytes()).hexdigest()
+    assert hashed_save.known_entry(target)["sha256"] == hashlib.sha256(target.read_bytes()).hexdigest()
     target.write_bytes(target.read_bytes() + b"changed")
-    assert hashed_save.known_digest(target) is None  # a changed file is hashed again when sealed
+    assert hashed_save.known_entry(target) is None  # a changed file is hashed again when sealed

@@ -65,6 +65,33 @@ def test_sha256_file_streams_and_refuses_symlinks(tmp_path):
         integrity.sha256_file(tmp_path / "link")
 
 
+def test_a_large_file_is_described_by_the_sha256_of_each_piece(tmp_path, monkeypatch):
+    from sprite import digest
+
+    monkeypatch.setattr(digest, "CHUNK", 4096)
+    data = os.urandom(3 * 4096 + 17)
+    (tmp_path / "big").write_bytes(data)
+    entry = integrity.describe(tmp_path / "big")["big"]
+    pieces = [data[i:i + 4096] for i in range(0, len(data), 4096)]
+    assert entry == {"size": len(data), "chunk_bytes": 4096,
+                     "sha256_chunks": [hashlib.sha256(p).hexdigest() for p in pieces]}
+    assert digest.buffer(data) == entry  # hashing while writing gives what hashing the file gives
+    assert integrity.describe(tmp_path, []) == {}  # a rank that wrote no file of a save describes none
+    (tmp_path / "small").write_bytes(data[:4096])  # one piece: the whole-file digest, as sha256sum prints
+    assert digest.files([tmp_path / "small"]) == [{"size": 4096, "sha256": hashlib.sha256(data[:4096]).hexdigest()}]
+    integrity.seal(tmp_path / "big", {"step": 1})
+    assert integrity.verify(tmp_path / "big").valid
+    os.unlink(tmp_path / "big")
+    flipped = bytearray(data)
+    flipped[2 * 4096 + 5] ^= 1  # one bit in the third piece, the size unchanged
+    (tmp_path / "big").write_bytes(bytes(flipped))
+    assert "big does not match its SHA-256" in integrity.verify(tmp_path / "big").reason
+    monkeypatch.setattr(digest, "CHUNK", 8192)  # a manifest made with other pieces is never taken as valid
+    (tmp_path / "big").unlink()
+    (tmp_path / "big").write_bytes(data)
+    assert not integrity.verify(tmp_path / "big").valid
+
+
 def test_a_sealed_folder_verifies_and_is_sealed_once(tmp_path):
     ckpt = _folder(tmp_path)
     path = integrity.seal(ckpt, {"step": 3})

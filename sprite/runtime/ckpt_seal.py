@@ -54,12 +54,11 @@ def _describe_mine(written: Path, rank: int, world: int) -> tuple[bool, object]:
     try:
         root = written if written.is_dir() else written.parent
         names = _mine(written, rank, world)
-        known = {name: hashed_save.known_digest(root / name) for name in names}
+        known = {name: hashed_save.known_entry(root / name) for name in names}
         for name in names:
             integrity.fsync_file(root / name)
         files = integrity.describe(root, [name for name in names if not known[name]])
-        files.update({name: {"size": os.lstat(root / name).st_size, "sha256": digest}
-                      for name, digest in known.items() if digest})
+        files.update({name: entry for name, entry in known.items() if entry})
         return True, files
     except (OSError, integrity.IntegrityError) as err:
         return False, f"rank {rank}: {err}"

@@ -3,23 +3,24 @@
 Lightning 2.6.6 serializes a checkpoint into memory and writes the bytes through an fsspec transaction
 (fabric/utilities/cloud_io.py:85-117, called from fabric/plugins/io/torch_io.py:58). For a local path sprite
 does the same write itself: a new temporary name beside the target (never through a symlink), fsync, then a
-rename over the target as Lightning's transaction does, while a second thread hashes the same bytes (hashlib
-releases the GIL), so sealing the file later costs no second read. Remote paths keep Lightning's own write.
+rename over the target as Lightning's transaction does, while a second thread hashes the same bytes
+(``sprite.digest``, itself spread over threads; hashlib releases the GIL), so sealing the file later costs no
+second read. Remote paths keep Lightning's own write.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import secrets
 import threading
 from pathlib import Path
 
+from sprite import digest
 from sprite.writeonce import write_new
 
-# realpath -> (size, mtime_ns, inode, sha256) of files this process wrote and hashed in the same pass
-_WRITTEN: dict[str, tuple[int, int, int, str]] = {}
+# realpath -> (size, mtime_ns, inode, sprite.digest entry) of files this process wrote and hashed in one pass
+_WRITTEN: dict[str, tuple[int, int, int, dict]] = {}
 
 
 def atomic_save(checkpoint: dict, filepath) -> None:
@@ -36,8 +37,8 @@ def atomic_save(checkpoint: dict, filepath) -> None:
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
     view = buffer.getbuffer()
-    digest: list[str] = []
-    hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(view).hexdigest()), daemon=True)
+    described: list[dict] = []
+    hasher = threading.Thread(target=lambda: described.append(digest.buffer(view)), daemon=True)
     hasher.start()
     target = Path(text)
     temp = target.with_name(f".{target.name}.sprite-tmp-{secrets.token_hex(4)}")
@@ -50,11 +51,12 @@ def atomic_save(checkpoint: dict, filepath) -> None:
         if os.path.lexists(temp):
             os.unlink(temp)
     info = os.stat(target, follow_symlinks=False)
-    _WRITTEN[os.path.realpath(target)] = (info.st_size, info.st_mtime_ns, info.st_ino, digest[0])
+    _WRITTEN[os.path.realpath(target)] = (info.st_size, info.st_mtime_ns, info.st_ino, described[0])
 
 
-def known_digest(path) -> str | None:
-    """The SHA-256 this process computed while writing ``path``, if the file is still exactly that file."""
+def known_entry(path) -> dict | None:
+    """The manifest entry (``sprite.digest``) this process computed while writing ``path``, if the file is still
+    exactly that file."""
     entry = _WRITTEN.get(os.path.realpath(path))
     try:
         info = os.stat(path, follow_symlinks=False)
