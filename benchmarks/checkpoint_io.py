@@ -17,6 +17,8 @@ loads verify first, as `sprite run --resume` does: rank 0 verifies (sprite.diges
   timings (it is Lightning's cost, the same for both).
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. The plain save
 does not fsync; the time an fsync of its files takes afterwards is printed beside it (not part of the ratio).
+Also printed, to tell the format's cost from sprite's: the same save and load without sprite (Lightning's own
+dcp.save / dcp.load, or its single-file write, then torch.load), no fsync, no manifest.
 
     python benchmarks/checkpoint_io.py [--model qwen2.5-0.5b-shape] [--devices 2] [--accelerator auto] [--repeats 3]
 """
@@ -47,6 +49,8 @@ def _state(model_name: str, accelerator: str):
     kind = device_type(accelerator)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(kind.name, local) if kind.name != "cpu" else torch.device("cpu")
+    if kind.name != "cpu":
+        kind.module().set_device(device)  # NCCL's communicator takes the current device, not the model's
     dist.init_process_group(backend_for(device))
     model = recipe.build_model(Settings(model=model_name, global_batch=2)).to(device)
     shard_model(model, init_device_mesh(device.type, (dist.get_world_size(),)))
@@ -103,7 +107,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
 
     from sprite import integrity
 
-    folder, plain = root / f"dcp{repeat}", root / f"plain{repeat}"
+    folder, plain, bare = root / f"dcp{repeat}", root / f"plain{repeat}", root / f"bare{repeat}"
     local = {key: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in part.items()}
              for key, part in (("model", state["model"]), ("optim", _flat(state["optim"])))}
     world = dist.get_world_size()
@@ -130,8 +134,13 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     def plain_load():
         torch.load(plain / f"rank{rank}.pt", weights_only=True)
 
+    def format_save():  # the format without sprite: Lightning's own dcp.save, no fsync, no manifest
+        dcp.save(state, checkpoint_id=bare)
+
     times = {"plain_save": _timed(plain_save), "plain_fsync": _timed(lambda: _fsync(plain / f"rank{rank}.pt")),
-             "sprite_save": _timed(sprite_save), "plain_load": _timed(plain_load), "sprite_load": _timed(sprite_load)}
+             "format_save": _timed(format_save), "sprite_save": _timed(sprite_save),
+             "plain_load": _timed(plain_load), "format_load": _timed(lambda: dcp.load(state, checkpoint_id=bare)),
+             "sprite_load": _timed(sprite_load)}
     return {**times, "plain_bytes": _folder_bytes(plain) if rank == 0 else 0,
             "sprite_bytes": _folder_bytes(folder) if rank == 0 else 0}
 
@@ -148,7 +157,9 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     from sprite import integrity
     from sprite.runtime.hashed_save import atomic_save
 
-    path, plain = root / f"full{repeat}.ckpt", root / f"full{repeat}.plain.ckpt"
+    from lightning.fabric.utilities.cloud_io import _atomic_save
+
+    path, plain, bare = root / f"full{repeat}.ckpt", root / f"full{repeat}.plain.ckpt", root / f"full{repeat}.bare"
 
     def sprite_save():  # Lightning's TorchCheckpointIO write under sprite's runtime, then the seal
         if rank == 0:
@@ -168,8 +179,13 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         if rank == 0:
             torch.load(plain, weights_only=True)
 
+    def format_save():  # the format without sprite: Lightning's own write (cloud_io._atomic_save), no fsync
+        if rank == 0:
+            _atomic_save(state, bare)
+
     times = {"plain_save": _timed(plain_save), "plain_fsync": _timed(lambda: _fsync(plain) if rank == 0 else None),
-             "sprite_save": _timed(sprite_save), "plain_load": _timed(plain_load), "sprite_load": _timed(sprite_load)}
+             "format_save": _timed(format_save), "sprite_save": _timed(sprite_save),
+             "plain_load": _timed(plain_load), "format_load": _timed(plain_load), "sprite_load": _timed(sprite_load)}
     return {**times, "plain_bytes": plain.stat().st_size if rank == 0 else 0,
             "sprite_bytes": path.stat().st_size if rank == 0 else 0}
 
@@ -233,7 +249,8 @@ def main() -> int:
         print(f"{fmt:>10}: save {m['sprite_save']:.2f} s vs plain {m['plain_save']:.2f} s (ratio"
               f" {m['sprite_save'] / m['plain_save']:.2f}; an fsync after the plain save took"
               f" {m['plain_fsync']:.2f} s more); load {m['sprite_load']:.2f} s vs plain"
-              f" {m['plain_load']:.2f} s (ratio {m['sprite_load'] / m['plain_load']:.2f}); bytes"
+              f" {m['plain_load']:.2f} s (ratio {m['sprite_load'] / m['plain_load']:.2f}); without sprite: save"
+              f" {m['format_save']:.2f} s, load {m['format_load']:.2f} s; bytes"
               f" {m['sprite_bytes'] / 1e6:.1f} MB vs {m['plain_bytes'] / 1e6:.1f} MB")
     return 0
 
