@@ -21,10 +21,10 @@ from rich.console import Console
 from sprite import integrity, owner_only
 from sprite.errors import UsageError
 from sprite.parity.ckpt_launch import overrides
-from sprite.parity.ckpt_progress import Display
 from sprite.parity.ckpt_roles import Launch, launches, result_dir
 from sprite.parity.ckpt_settings import CkptSettings
 from sprite.parity.arm_launch import launch
+from sprite.parity.progress import ProgressBoard
 
 WIDE = 2  # slots a distributed launch takes
 PRIORITY = {"killed": 0, "resume": 1, "reshard": 1, "export": 1, "reload": 2, "fit": 3, "twin": 3}
@@ -55,8 +55,14 @@ def _record(out: pathlib.Path, key: str, **outcome) -> None:
     integrity.write_new(out / "launches" / f"{key}.json", json.dumps({"key": key, **outcome}, indent=1).encode())
 
 
+def board(pending: list[Launch], console: Console, limit_s: float) -> ProgressBoard:
+    """The progress display of `sprite parity` with a row per launch (its processes as its kind)."""
+    items = [(item.key, f"{item.processes} process{'es' if item.processes > 1 else ''}") for item in pending]
+    return ProgressBoard(console, items, f"ckpt-check launches (time limit {limit_s:g} s each)")
+
+
 def _one(out, item: Launch, settings, display, cancel, threads) -> tuple[str, int | None]:
-    display.start(item.key, item.processes)
+    display.start(item.key)
     start, started = time.monotonic(), time.time()
     try:
         code = launch(overrides(out, item, settings, threads if item.processes == 1 else 0),
@@ -70,9 +76,9 @@ def _one(out, item: Launch, settings, display, cancel, threads) -> tuple[str, in
     # The killed fit ends by its own SIGKILL, after sealing its result: any exit code but 0, and a sealed result.
     sealed = integrity.manifest_path(out / result_dir(item.arm, item.role)).is_file()
     ok = isinstance(code, int) and ((code != 0 and sealed) if item.role == "killed" else code == 0)
-    state = ("done" if ok else "timed out after {:g} s".format(settings.time_limit) if code is None
-             else "stopped: the check ended" if code == "cancelled" else f"failed (exit code {code})")
-    display.end(item.key, state)
+    note = ("" if ok else "not executed: timed out after {:g} s".format(settings.time_limit) if code is None
+            else "stopped: the check ended" if code == "cancelled" else f"exit code {code}")
+    display.finish(item.key, ok, note)
     return ("ok" if ok else "timeout" if code is None else "failed"), code
 
 
@@ -100,7 +106,7 @@ def run_launches(out: pathlib.Path, settings: CkptSettings, console: Console) ->
     outcomes, running, cancel = {}, {}, threading.Event()
     threads = max(1, (os.cpu_count() or 2) // settings.slots)  # one-process launches share the cores
     start = time.monotonic()
-    with Display(pending, console, settings.time_limit) as display, ThreadPoolExecutor(settings.slots) as pool:
+    with board(pending, console, settings.time_limit) as display, ThreadPoolExecutor(settings.slots) as pool:
         try:
             _loop(out, settings, display, pool, pending, running, outcomes, cancel, threads)
         except BaseException:  # Ctrl-C or SIGTERM: the launches still running stop with everything they started
@@ -116,7 +122,7 @@ def _skip(out, pending, outcomes, cancel, display) -> None:
         outcomes[item.key] = "skipped"
         reason = "the check ended before it started" if cancel.is_set() else "a launch it needs failed"
         _record(out, item.key, skipped=reason)
-        display.end(item.key, f"skipped: {reason}")
+        display.skip(item.key, reason)
 
 
 def _loop(out, settings, display, pool, pending, running, outcomes, cancel, threads) -> None:

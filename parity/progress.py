@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-STYLES = {"waiting": "dim", "running": "yellow", "done": "green", "failed": "red"}
+STYLES = {"waiting": "dim", "running": "yellow", "done": "green", "failed": "red", "skipped": "magenta"}
 
 
 @dataclass
@@ -82,19 +82,29 @@ class ProgressBoard:
             self.console.print(f"[{self._index(name)}/{len(self.items)}] {name}: {state} in "
                                f"{item.elapsed(item.ended):.1f} s; about {_clock(left)} left")
 
+    def skip(self, name: str, note: str) -> None:
+        """Marks an item that will not run (its inputs failed, or the check ended first); it counts as finished
+        but not in the estimate, since it took no time."""
+        with self.lock:
+            item = self.items[name]
+            item.state, item.ended, item.note = "skipped", self.clock(), note
+            item.started = item.started if item.started is not None else item.ended
+        if not self.live:
+            self.console.print(f"[{self._index(name)}/{len(self.items)}] {name}: [magenta]skipped[/magenta], {note}")
+
     def _index(self, name: str) -> int:
         return list(self.items).index(name) + 1
 
     def estimate_left(self, now: float | None = None) -> float | None:
         """Seconds the unfinished items should still take; None before any item has finished."""
         now = self.clock() if now is None else now
-        finished = [i for i in self.items.values() if i.ended is not None]
+        finished = [i for i in self.items.values() if i.ended is not None and i.state != "skipped"]
         if not finished:
             return None
         overall = sum(i.elapsed(now) for i in finished) / len(finished)
         left = 0.0
         for item in self.items.values():
-            if item.ended is None:
+            if item.ended is None:  # a skipped item has ended
                 same = [i.elapsed(now) for i in finished if i.kind == item.kind]
                 expected = sum(same) / len(same) if same else overall
                 left += max(0.0, expected - item.elapsed(now))

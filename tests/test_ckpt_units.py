@@ -136,26 +136,31 @@ def test_the_progress_display_shows_each_launch_its_state_and_the_time_left():
 
     from rich.console import Console
 
-    from sprite.parity.ckpt_progress import Display
+    from sprite.parity.ckpt_runner import board
 
     table = launches(CkptSettings())
     sink = io.StringIO()
-    with Display(table, Console(file=sink, force_terminal=True, width=120), 60) as display:
-        display.start("single-fit", 1)
-        display.end("single-fit", "done")
-        display.start("ddp-fit", 2)
-        display.end("ddp-fit", "timed out after 60 s")
+    with board(table, Console(file=sink, force_terminal=True, width=120), 60) as display:
+        display.start("single-fit")
+        display.finish("single-fit", True)
+        display.start("ddp-fit")
+        display.finish("ddp-fit", False, "not executed: timed out after 60 s")
+        display.skip("ddp-resume", "a launch it needs failed")
+        display.console.print(display)
     text = sink.getvalue()
     assert "single-fit" in text and "done" in text and "timed out after 60 s" in text and "waiting" in text
-    assert "all (19 launches, limit 60 s each)" in text and " s left" in text
-    assert 0 < display.left() < float("inf")
+    assert "skipped (a launch it needs failed)" in text and "2 processes" in text
+    assert "ckpt-check launches (time limit 60 s each)" in text and " left" in text
+    assert 0 < display.estimate_left() < float("inf")
     log = io.StringIO()  # not a terminal (a batch job's log): one line per start and end, the estimate included
-    with Display(table, Console(file=log, force_terminal=False, width=120), 60) as display:
-        display.start("single-fit", 1)
-        display.end("single-fit", "done")
+    with board(table, Console(file=log, force_terminal=False, width=120), 60) as display:
+        display.start("single-fit")
+        display.finish("single-fit", True)
+        display.skip("ddp-resume", "the check ended before it started")
     lines = log.getvalue().splitlines()
-    assert lines[0] == "single-fit: started, 1 process(es)"
-    assert lines[1].startswith("single-fit: done after ") and lines[1].endswith(" s left") and len(lines) == 2
+    assert lines[0].endswith("single-fit: 1 process ...")
+    assert " single-fit: done in " in lines[1] and lines[1].endswith(" left") and len(lines) == 3
+    assert lines[2].endswith("ddp-resume: skipped, the check ended before it started")
 
 
 def test_compare_never_writes_over_an_existing_report(tmp_path):
