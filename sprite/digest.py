@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 CHUNK = 64 << 20  # bytes per separately hashed piece of a large file
@@ -86,6 +87,50 @@ def buffer(data) -> dict:
     with ThreadPoolExecutor(max_workers=min(workers(), len(pieces))) as pool:
         digests = list(pool.map(lambda p: hashlib.sha256(view[p[0]:p[0] + p[1]]).hexdigest(), pieces))
     return _entry(len(view), digests)
+
+
+class Stream:
+    """The description of bytes that arrive in order (``torch.save`` writing a checkpoint): each full piece is
+    hashed on a pool of threads while the next one fills, with at most ``workers() + 1`` pieces held at once.
+    Use as a context manager; :meth:`entry` gives what :func:`files` gives for the same bytes."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers())
+        self.slots = threading.BoundedSemaphore(workers() + 1)
+        self.piece, self.futures, self.size = bytearray(), [], 0
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def feed(self, data) -> None:
+        view = memoryview(data).cast("B")
+        self.size += len(view)
+        while view:
+            take = min(CHUNK - len(self.piece), len(view))
+            self.piece += view[:take]
+            view = view[take:]
+            if len(self.piece) == CHUNK:
+                self._submit()
+
+    def _submit(self) -> None:
+        self.slots.acquire()  # bounds the memory held by pieces waiting for a thread
+        piece, self.piece = self.piece, bytearray()
+        self.futures.append(self.pool.submit(self._hash, piece))
+
+    def _hash(self, piece: bytearray) -> str:
+        try:
+            return hashlib.sha256(piece).hexdigest()
+        finally:
+            self.slots.release()
+
+    def entry(self) -> dict:
+        """The description of everything fed so far (call once, at the end)."""
+        if self.piece or not self.futures:  # the last, shorter piece; or the one piece of an empty stream
+            self._submit()
+        return _entry(self.size, [future.result() for future in self.futures])
 
 
 def same(found: dict, recorded: dict) -> bool:

@@ -7,6 +7,7 @@ truncates, chmods or follows a symlink to a file that this call did not create.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
@@ -31,6 +32,18 @@ def write_new(path, data: bytes, mode: int | None = 0o600) -> None:
         IntegrityError: the path exists or is a symlink. OSError for any other failure (the partial file is
             removed, since this call created it).
     """
+    with created(path, mode) as fd:
+        write_all(fd, data)
+
+
+@contextlib.contextmanager
+def created(path, mode: int | None = 0o600):
+    """``with created(path) as fd:`` write into a file this call creates as :func:`write_new` does; fsynced and
+    closed at the end of the block, removed if the block raises.
+
+    Raises:
+        IntegrityError: the path exists or is a symlink. OSError for any other failure.
+    """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o666 if mode is None else mode)
@@ -39,15 +52,20 @@ def write_new(path, data: bytes, mode: int | None = 0o600) -> None:
     try:
         if mode is not None:
             os.fchmod(fd, mode)  # the umask may have removed bits from ``mode``
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        yield fd
         os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(path)
         raise
     os.close(fd)
+
+
+def write_all(fd: int, data) -> None:
+    """Write every byte of ``data`` to ``fd`` (os.write may take only part of it). Raises OSError."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def fsync_dir(path) -> None:

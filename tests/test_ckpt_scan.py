@@ -137,3 +137,24 @@ def test_single_file_saves_are_hashed_while_written(tmp_path):
     assert hashed_save.known_entry(target)["sha256"] == hashlib.sha256(target.read_bytes()).hexdigest()
     target.write_bytes(target.read_bytes() + b"changed")
     assert hashed_save.known_entry(target) is None  # a changed file is hashed again when sealed
+
+
+def test_a_large_single_file_save_is_hashed_piece_by_piece_as_torch_writes_it(tmp_path, monkeypatch):
+    import torch
+
+    from sprite import digest, integrity
+    from sprite.runtime import hashed_save
+
+    monkeypatch.setattr(digest, "CHUNK", 1 << 16)
+    state = {"w": torch.arange(100_000, dtype=torch.float32), "step": 3}
+    target = tmp_path / "big.ckpt"
+    hashed_save.atomic_save(state, target)
+    entry = hashed_save.known_entry(target)
+    assert len(entry["sha256_chunks"]) == -(-target.stat().st_size // (1 << 16)) > 1
+    assert entry == integrity.describe(target)[target.name]  # what hashing the file afterwards gives
+    loaded = torch.load(target, weights_only=True)
+    assert loaded["step"] == 3 and torch.equal(loaded["w"], state["w"])
+    assert os.listdir(tmp_path) == [target.name]
+    with pytest.raises(Exception, match="pickle"):
+        hashed_save.atomic_save({"w": lambda: None}, tmp_path / "bad.ckpt")  # cannot be pickled
+    assert os.listdir(tmp_path) == [target.name]  # the failed save left no temporary file

@@ -2,22 +2,20 @@
 
 Lightning 2.6.6 serializes a checkpoint into memory and writes the bytes through an fsspec transaction
 (fabric/utilities/cloud_io.py:85-117, called from fabric/plugins/io/torch_io.py:58). For a local path sprite
-does the same write itself: a new temporary name beside the target (never through a symlink), fsync, then a
-rename over the target as Lightning's transaction does, while a second thread hashes the same bytes
-(``sprite.digest``, itself spread over threads; hashlib releases the GIL), so sealing the file later costs no
-second read. Remote paths keep Lightning's own write.
+has ``torch.save`` write straight into a new temporary name beside the target (never through a symlink), each
+64 MiB piece of the bytes going on to a pool of threads that hashes it (``sprite.digest.Stream``), then fsyncs
+and renames over the target as Lightning's transaction does. Sealing the file later costs no second read, and
+the checkpoint is never held whole in memory a second time. Remote paths keep Lightning's own write.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import secrets
-import threading
 from pathlib import Path
 
 from sprite import digest
-from sprite.writeonce import write_new
+from sprite.writeonce import created, write_all
 
 # realpath -> (size, mtime_ns, inode, sprite.digest entry) of files this process wrote and hashed in one pass
 _WRITTEN: dict[str, tuple[int, int, int, dict]] = {}
@@ -34,24 +32,33 @@ def atomic_save(checkpoint: dict, filepath) -> None:
     text = os.fspath(filepath)
     if "://" in text:
         return _lightning_atomic_save(checkpoint, filepath)
-    buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)
-    view = buffer.getbuffer()
-    described: list[dict] = []
-    hasher = threading.Thread(target=lambda: described.append(digest.buffer(view)), daemon=True)
-    hasher.start()
     target = Path(text)
     temp = target.with_name(f".{target.name}.sprite-tmp-{secrets.token_hex(4)}")
     try:
-        write_new(temp, view, mode=None)
+        with digest.Stream() as stream, created(temp, mode=None) as fd:
+            torch.save(checkpoint, _Tee(fd, stream))
+            entry = stream.entry()
         os.replace(temp, target)  # as Lightning's transaction commit does (fsspec LocalFileOpener.commit)
     finally:
-        hasher.join()
-        view.release()
         if os.path.lexists(temp):
             os.unlink(temp)
     info = os.stat(target, follow_symlinks=False)
-    _WRITTEN[os.path.realpath(target)] = (info.st_size, info.st_mtime_ns, info.st_ino, described[0])
+    _WRITTEN[os.path.realpath(target)] = (info.st_size, info.st_mtime_ns, info.st_ino, entry)
+
+
+class _Tee:
+    """The file object ``torch.save`` writes into (it only writes, in order, and flushes)."""
+
+    def __init__(self, fd: int, stream: digest.Stream) -> None:
+        self.fd, self.stream = fd, stream
+
+    def write(self, data) -> int:
+        write_all(self.fd, data)
+        self.stream.feed(data)
+        return memoryview(data).nbytes
+
+    def flush(self) -> None:
+        pass
 
 
 def known_entry(path) -> dict | None:
