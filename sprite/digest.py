@@ -78,17 +78,6 @@ def files(paths: list) -> list[dict]:
     return entries
 
 
-def buffer(data) -> dict:
-    """The same description for bytes in memory (a checkpoint serialised before it is written)."""
-    view = memoryview(data).cast("B")
-    pieces = _pieces(len(view))
-    if len(pieces) == 1:
-        return _entry(len(view), [hashlib.sha256(view).hexdigest()])
-    with ThreadPoolExecutor(max_workers=min(workers(), len(pieces))) as pool:
-        digests = list(pool.map(lambda p: hashlib.sha256(view[p[0]:p[0] + p[1]]).hexdigest(), pieces))
-    return _entry(len(view), digests)
-
-
 class Stream:
     """The description of bytes that arrive in order (``torch.save`` writing a checkpoint): each full piece is
     hashed on a pool of threads while the next one fills, with at most ``workers() + 1`` pieces held at once.
