@@ -5,15 +5,15 @@ The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) 
 launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint holds: every weight, frozen ones
 included, and the adapter's optimizer state. Two formats:
 The sprite side is what sprite's runtime does with every checkpoint (sprite.runtime.ckpt_seal, hashed_save);
-loads verify first, as `sprite run --resume` does: rank 0 verifies (sprite.digest spreads the SHA-256 of every
-64 MiB piece over threads), then every rank loads.
+loads verify first, as `sprite run --resume` does (sprite.runtime.shared_verify: rank 0 checks the manifest and
+sizes, every rank hashes its share of the files, sprite.digest spreading each 64 MiB piece over threads), then
+every rank loads.
 - sharded: a torch.distributed.checkpoint folder, each rank fsyncing and hashing its own shards, rank 0 sealing;
-  load = rank 0 verifies the folder, then every rank dcp.load. Baseline: each rank torch.save / torch.load of its
-  own local shards, one file per rank.
-- full state: the gathered state on rank 0 written by the runtime's hashed save (serialised, written under a
-  temporary name with fsync while another thread hashes the bytes, renamed), then sealed; load = verify, then
-  torch.load.
-  Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering is done once, outside both
+  load = the ranks verify the folder together, then every rank dcp.load. Baseline: each rank torch.save /
+  torch.load of its own local shards, one file per rank.
+- full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save streams into a
+  temporary name while a pool of threads hashes each piece, fsync, rename), then sealed; load = verify, then
+  torch.load. Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering is done once, outside both
   timings (it is Lightning's cost, the same for both).
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. The plain save
 does not fsync; the time an fsync of its files takes afterwards is printed beside it (not part of the ratio).
@@ -105,7 +105,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from sprite import integrity
+    from sprite.runtime import shared_verify
 
     folder, plain, bare = root / f"dcp{repeat}", root / f"plain{repeat}", root / f"bare{repeat}"
     local = {key: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in part.items()}
@@ -125,10 +125,8 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         dist.barrier()
         torch.save(local, plain / f"rank{rank}.pt")
 
-    def sprite_load():  # as `sprite run --resume` does: rank 0 verifies, then every rank loads
-        if rank == 0:
-            assert integrity.verify(folder).valid, "the sealed folder does not verify"
-        dist.barrier()
+    def sprite_load():  # as `sprite run --resume` does: every rank hashes its share, then every rank loads
+        assert shared_verify.verify(shared_verify.DefaultGroup(), folder).valid, "the sealed folder does not verify"
         dcp.load(state, checkpoint_id=folder)
 
     def plain_load():

@@ -7,10 +7,11 @@ folder (not hidden, not a symlink) that is named ``*.ckpt`` or carries a sprite 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from sprite import integrity
 
@@ -87,26 +88,42 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def choose(folders: Iterable) -> tuple[Optional[Entry], list[Entry], int]:
-    """``(chosen, skipped, found)``: the newest checkpoint whose manifest verifies (None if none does), the
-    invalid ones passed over to get there (every invalid one when none is chosen), and how many were found.
+def listed(folders: Iterable) -> tuple[list[Entry], int]:
+    """``(entries, found)``: the checkpoints in ``folders`` with what their manifests say (nothing hashed yet),
+    newest first, and how many were found."""
+    paths = find(folders)
+    return newest_first([inspect(path, verify=False) for path in paths]), len(paths)
 
-    Verification hashes every file, so only as many checkpoints are verified as it takes to find a valid one.
+
+def pick(entries: list[Entry], check: Callable[[Path], tuple[bool, str]]) -> tuple[Optional[Entry], list[Entry]]:
+    """``(chosen, skipped)`` among ``listed`` entries: the first whose ``check`` passes (None if none does), and
+    the invalid ones passed over to get there (every invalid one when none is chosen).
+
+    Verification hashes every file, so only as many checkpoints are checked as it takes to find a valid one.
     A checkpoint with no readable manifest (a save cut short) is reported when it is not older than the choice.
     """
-    paths = find(folders)
-    entries = newest_first([inspect(path, verify=False) for path in paths])
     skipped = [entry for entry in entries if entry.step is None]
     chosen = None
     for entry in entries:
         if entry.step is None:
             continue
-        checked = inspect(entry.path, verify=True)
-        if checked.valid:
-            chosen = checked
+        valid, reason = check(entry.path)
+        if valid:
+            chosen = dataclasses.replace(entry, valid=True, reason="")
             break
-        skipped.append(checked)
+        skipped.append(dataclasses.replace(entry, valid=False, reason=reason))
     if chosen is not None:
         cutoff = _mtime(integrity.manifest_path(chosen.path))
         skipped = [e for e in skipped if e.step is not None or _mtime(e.path) >= cutoff]
-    return chosen, skipped, len(paths)
+    return chosen, skipped
+
+
+def _verified(path: Path) -> tuple[bool, str]:
+    verdict = integrity.verify(path)
+    return verdict.valid, verdict.reason
+
+
+def choose(folders: Iterable) -> tuple[Optional[Entry], list[Entry], int]:
+    """``(chosen, skipped, found)``: :func:`pick` over :func:`listed`, each candidate verified in this process."""
+    entries, found = listed(folders)
+    return (*pick(entries, _verified), found)

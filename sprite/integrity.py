@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Optional
 
 from sprite import canonical
-from sprite.manifest import (MANIFEST_NAME, MANIFEST_SUFFIX, VERSION, Verdict, describe, manifest_path,
-                             read_manifest, verify)
+from sprite.manifest import (MANIFEST_NAME, MANIFEST_SUFFIX, VERSION, Verdict, check_digests, check_listing,
+                             describe, manifest_path, read_manifest, verify)
 from sprite.writeonce import IntegrityError, exists_error, fsync_dir, fsync_file, make_dir_new, sha256_file, write_new
 
 __all__ = ["IntegrityError", "Verdict", "write_new", "make_dir_new", "fsync_dir", "fsync_file", "sha256_file",
-           "describe", "manifest_path", "seal", "read_manifest", "verify", "MANIFEST_NAME", "MANIFEST_SUFFIX",
-           "VERSION"]
+           "describe", "manifest_path", "seal", "read_manifest", "verify", "check_listing", "check_digests",
+           "MANIFEST_NAME", "MANIFEST_SUFFIX", "VERSION"]
 
 
 def seal(target, meta: dict, files: Optional[dict] = None) -> Path:

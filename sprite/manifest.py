@@ -98,6 +98,13 @@ def verify(target) -> Verdict:
     """Whether ``target`` (a sealed file or folder) matches its manifest; the reason names the first problem:
     no manifest, an unreadable or edited manifest, a missing file, a size or SHA-256 mismatch, or an unlisted
     file in a sealed folder. Never raises for a bad target (OSError while reading becomes the reason)."""
+    verdict = check_listing(target)
+    return check_digests(target, verdict.manifest, sorted(verdict.manifest["files"])) if verdict.valid else verdict
+
+
+def check_listing(target) -> Verdict:
+    """Everything :func:`verify` checks but the digests: the manifest, and every listed file present with its
+    size (no unlisted one in a folder). Cheap: file system metadata and the manifest only. Never raises."""
     target = Path(target)
     if not os.path.lexists(target):
         return Verdict(False, f"{target} does not exist", None)
@@ -105,18 +112,37 @@ def verify(target) -> Verdict:
         body = read_manifest(target)
     except IntegrityError as err:
         return Verdict(False, err.what, None)
-    root = target if body.get("kind") == "dir" else target.parent
     if (body.get("kind") == "dir") != target.is_dir() or body.get("name") != target.name:
         return Verdict(False, f"the manifest of {target} describes another target ({body.get('name')!r})", body)
+    root = _root(target, body)
     try:
-        problem = _check_files(root, body["files"]) or (_unlisted(root, body["files"]) if target.is_dir() else "")
+        problem = _check_sizes(root, body["files"]) or (_unlisted(root, body["files"]) if target.is_dir() else "")
     except OSError as err:
         problem = f"reading it failed: {err}"
     return Verdict(not problem, f"{target}: {problem}" if problem else "", body)
 
 
-def _check_files(root: Path, files: dict) -> str:
-    """Sizes first (cheap, catches a partial write), then digests."""
+def check_digests(target, body: dict, names: list[str]) -> Verdict:
+    """Whether the files ``names`` (relative paths the manifest ``body`` lists) match their digests: one share
+    of :func:`verify`'s work, for checks spread over ranks. Never raises."""
+    target = Path(target)
+    root = _root(target, body)
+    try:
+        found = digest.files([root / name for name in names])
+        problem = next((f"{name} does not match its SHA-256 in the manifest (changed after the save)"
+                        for name, description in zip(names, found)
+                        if not digest.same(description, body["files"][name])), "")
+    except OSError as err:
+        problem = f"reading it failed: {err}"
+    return Verdict(not problem, f"{target}: {problem}" if problem else "", body)
+
+
+def _root(target: Path, body: dict) -> Path:
+    return target if body.get("kind") == "dir" else target.parent
+
+
+def _check_sizes(root: Path, files: dict) -> str:
+    """Each listed path safe, present, a regular file of the recorded size (catches a partial write)."""
     for rel, entry in sorted(files.items()):
         parts = Path(rel).parts
         if Path(rel).is_absolute() or ".." in parts or not parts:
@@ -129,11 +155,6 @@ def _check_files(root: Path, files: dict) -> str:
             return f"{rel} is not a regular file"
         if info.st_size != entry.get("size"):
             return f"{rel} has {info.st_size} bytes, the manifest says {entry.get('size')}"
-    listed = sorted(files.items())
-    found = digest.files([root / rel for rel, _ in listed])
-    for (rel, entry), description in zip(listed, found):
-        if not digest.same(description, entry):
-            return f"{rel} does not match its SHA-256 in the manifest (changed after the save)"
     return ""
 
 

@@ -3,8 +3,9 @@ checkpoint whose manifest verifies, with no change to the script.
 
 The runtime passes a placeholder as ``fit(ckpt_path=...)``; Lightning hands it on untouched (an unknown string is
 a path to it, trainer/connectors/checkpoint_connector.py:116-215) to ``resume_start`` (checkpoint_connector.py:67),
-which runs after the process group exists (trainer/trainer.py:1033 before :1046/:1066). There rank 0 chooses, every
-rank gets the choice by broadcast, and a refusal ends every rank with exit code 1.
+which runs after the process group exists (trainer/trainer.py:1033 before :1046/:1066). There rank 0 lists the
+candidates, every rank hashes its share of each one checked (shared_verify), rank 0 decides, every rank gets the
+choice by broadcast, and a refusal ends every rank with exit code 1.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from sprite import ckpt_scan, contract
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
-from sprite.runtime import collective
+from sprite.runtime import collective, shared_verify
 
 PENDING = "sprite-resume:pending"  # fit(ckpt_path=PENDING) until resume_start resolves it
 
@@ -50,8 +51,12 @@ def checkpoint_dirs(trainer) -> list[str]:
 
 
 def _auto(trainer) -> dict:
+    strategy = trainer.strategy
     dirs = checkpoint_dirs(trainer)
-    chosen, skipped, found = ckpt_scan.choose(dirs)
+    entries, found = strategy.broadcast(ckpt_scan.listed(dirs) if strategy.is_global_zero else None)
+    chosen, skipped = ckpt_scan.pick(entries, lambda path: tuple(shared_verify.verify(strategy, path)[:2]))
+    if not strategy.is_global_zero:
+        return {}  # rank 0's decision is broadcast
     for entry in skipped:
         collective.say(f"resume: skipped {entry.path}: {entry.reason}")
         collective.audit("checkpoint_skipped", path=str(entry.path), reason=entry.reason)
@@ -74,14 +79,19 @@ def _chosen(entry: ckpt_scan.Entry) -> dict:
 
 
 def _decide(trainer, wanted: str) -> dict:
-    """Rank 0: ``{"path": str | None}`` or ``{"error": (what, cause, fix)}``."""
+    """Every rank takes part (the checkpoint is verified by all, shared_verify); rank 0's answer counts:
+    ``{"path": str | None}`` or ``{"error": (what, cause, fix)}``."""
     if wanted == "auto":
         return _auto(trainer)
-    entry = ckpt_scan.inspect(wanted, verify=True)
-    if entry.valid:
+    strategy = trainer.strategy
+    verdict = shared_verify.verify(strategy, wanted)
+    if not strategy.is_global_zero:
+        return {}
+    entry = ckpt_scan.inspect(wanted, verify=False)
+    if verdict.valid:
         return _chosen(entry)
-    collective.audit("checkpoint_skipped", path=wanted, reason=entry.reason)
-    return {"error": (f"--resume {wanted}: the checkpoint is not valid: {entry.reason}.",
+    collective.audit("checkpoint_skipped", path=wanted, reason=verdict.reason)
+    return {"error": (f"--resume {wanted}: the checkpoint is not valid: {verdict.reason}.",
                       "The save was cut short or the checkpoint was changed afterwards.",
                       "Pass another checkpoint, or --resume auto to take the newest valid one.")}
 
@@ -92,8 +102,7 @@ def resolve(trainer, wanted: str):
     Raises:
         IntegrityError: no valid checkpoint to resume from (every rank raises it; exit code 1).
     """
-    strategy = trainer.strategy
-    decision = strategy.broadcast(_decide(trainer, wanted) if strategy.is_global_zero else None)
+    decision = trainer.strategy.broadcast(_decide(trainer, wanted))
     if "error" in decision:
         raise IntegrityError(*decision["error"])
     return decision["path"]
