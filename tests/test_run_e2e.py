@@ -105,3 +105,33 @@ def test_killing_one_rank_ends_sprite_run_quickly(sprite_cmd, clean_env, tmp_pat
     left = [pid for pid in descendants if Path(f"/proc/{pid}").exists()
             and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
     assert left == []
+
+
+CRASH = """
+import sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+out = [None] * dist.get_world_size()
+dist.all_gather_object(out, dist.get_rank())
+for _ in range(5):
+    dist.all_reduce(torch.ones(1000))
+dist.barrier()
+if len(sys.argv) > 1:
+    sys.exit(int(sys.argv[1]))
+raise RuntimeError("the script failed on purpose")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["exception", "exit 3"])
+def test_a_failing_gloo_rank_exits_with_its_own_code_not_an_abort(sprite_cmd, clean_env, tmp_path, how):
+    # With its gloo group alive, a rank leaving the interpreter could abort ("terminate called without an active
+    # exception", -6) instead of exiting 1 or its sys.exit code: the runtime destroys the group first.
+    (tmp_path / "crash.py").write_text(CRASH)
+    args = ["3"] if how == "exit 3" else []
+    result = subprocess.run([*sprite_cmd, "run", "--devices", "2", "--accelerator", "cpu", "crash.py", *args],
+                            env=clean_env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    text = result.stdout + result.stderr
+    code = 3 if args else 1
+    assert result.returncode == code and f"exited with code {code}" in text, text[-3000:]
+    assert "terminate called" not in text and "code -6" not in text

@@ -63,7 +63,8 @@ def run(argv: list[str]) -> None:
 
 def _run_script(script: str, launched: bool) -> None:
     """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, say
-    so to the watchdog and end every rank together (finish.py); stopped for preemption, exit 75 (preempt.py)."""
+    so to the watchdog and end every rank together (finish.py); stopped for preemption, exit 75 (preempt.py);
+    failing, leave the process group at once (finish.abandon) so the rank exits with its own code."""
     from sprite.runtime import finish, preempt, progress
 
     try:
@@ -74,6 +75,12 @@ def _run_script(script: str, launched: bool) -> None:
         if launched and exit.code in (None, 0):
             progress.finish()
             finish.finish()
+        elif launched:
+            finish.abandon()
+        raise
+    except BaseException:
+        if launched:
+            finish.abandon()
         raise
     if launched:
         progress.finish()

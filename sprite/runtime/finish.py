@@ -14,6 +14,7 @@ its process: a rank still polling it must not find it gone.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 ARRIVED, RELEASED = "sprite/finish/arrived", "sprite/finish/released"
@@ -53,3 +54,30 @@ def finish() -> None:
     elif not _wait_count(store, RELEASED, world - 1, WAIT_RELEASE_SECONDS):
         print("sprite: warning: rank 0: some ranks did not confirm their shutdown; exiting anyway.",
               file=sys.stderr, flush=True)
+
+
+def abandon(seconds: float = 10.0) -> None:
+    """On a rank that is failing (an exception or a non-zero exit from the script): destroy a gloo process group
+    without waiting for any peer, so the interpreter's exit cannot abort in gloo's threads and turn the rank's own
+    exit code (2 for a --strict check, 1 for a crash) into -6. Peers may be stuck, so nothing waits for them, and
+    the destroy itself gets ``seconds`` in a daemon thread. Other backends are left alone (an NCCL destroy with
+    work in flight can hang). Never raises."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or "gloo" not in str(dist.get_backend()).lower():
+            return
+    except Exception:  # a failing rank must still exit with its own code
+        return
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=destroy, name="sprite-abandon", daemon=True).start()
+    done.wait(seconds)
