@@ -95,9 +95,10 @@ def listed(folders: Iterable) -> tuple[list[Entry], int]:
     return newest_first([inspect(path, verify=False) for path in paths]), len(paths)
 
 
-def pick(entries: list[Entry], check: Callable[[Path], tuple[bool, str]]) -> tuple[Optional[Entry], list[Entry]]:
-    """``(chosen, skipped)`` among ``listed`` entries: the first whose ``check`` passes (None if none does), and
-    the invalid ones passed over to get there (every invalid one when none is chosen).
+def pick(entries: list[Entry], check: Callable[[Path], integrity.Verdict]) -> tuple[Optional[Entry], list[Entry]]:
+    """``(chosen, skipped)`` among ``listed`` entries: the first whose ``check`` (``integrity.verify`` or the
+    runtime's verification shared by the ranks) finds valid (None if none does), and the invalid ones passed over
+    to get there (every invalid one when none is chosen).
 
     Verification hashes every file, so only as many checkpoints are checked as it takes to find a valid one.
     A checkpoint with no readable manifest (a save cut short) is reported when it is not older than the choice.
@@ -107,23 +108,18 @@ def pick(entries: list[Entry], check: Callable[[Path], tuple[bool, str]]) -> tup
     for entry in entries:
         if entry.step is None:
             continue
-        valid, reason = check(entry.path)
-        if valid:
+        verdict = check(entry.path)
+        if verdict.valid:
             chosen = dataclasses.replace(entry, valid=True, reason="")
             break
-        skipped.append(dataclasses.replace(entry, valid=False, reason=reason))
+        skipped.append(dataclasses.replace(entry, valid=False, reason=verdict.reason))
     if chosen is not None:
         cutoff = _mtime(integrity.manifest_path(chosen.path))
         skipped = [e for e in skipped if e.step is not None or _mtime(e.path) >= cutoff]
     return chosen, skipped
 
 
-def _verified(path: Path) -> tuple[bool, str]:
-    verdict = integrity.verify(path)
-    return verdict.valid, verdict.reason
-
-
 def choose(folders: Iterable) -> tuple[Optional[Entry], list[Entry], int]:
     """``(chosen, skipped, found)``: :func:`pick` over :func:`listed`, each candidate verified in this process."""
     entries, found = listed(folders)
-    return (*pick(entries, _verified), found)
+    return (*pick(entries, integrity.verify), found)

@@ -54,7 +54,7 @@ def _auto(trainer) -> dict:
     strategy = trainer.strategy
     dirs = checkpoint_dirs(trainer)
     entries, found = strategy.broadcast(ckpt_scan.listed(dirs) if strategy.is_global_zero else None)
-    chosen, skipped = ckpt_scan.pick(entries, lambda path: tuple(shared_verify.verify(strategy, path)[:2]))
+    chosen, skipped = ckpt_scan.pick(entries, lambda path: shared_verify.verify(strategy, path))
     if not strategy.is_global_zero:
         return {}  # rank 0's decision is broadcast
     for entry in skipped:
