@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 CHUNK = 64 << 20  # bytes per separately hashed piece of a large file
@@ -56,70 +55,43 @@ def files(paths: list) -> list[dict]:
     Raises:
         OSError: a file cannot be opened or read (a symlink gives ELOOP).
     """
-    fds, sizes = [], []
+    fds = []
     try:
         for path in paths:
             fds.append(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
-            sizes.append(os.fstat(fds[-1]).st_size)
-        jobs = [(fd, start, length) for fd, size in zip(fds, sizes) for start, length in _pieces(size)]
-        if len(jobs) <= 1:
-            digests = [_hash_range(*job) for job in jobs]
-        else:
-            with ThreadPoolExecutor(max_workers=min(workers(), len(jobs))) as pool:
-                digests = list(pool.map(lambda job: _hash_range(*job), jobs))
+        return _describe(fds)
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def open_file(fd: int, beside=None) -> dict:
+    """The description of the file open as ``fd`` (read with ``os.pread``, so any open mode that reads works),
+    while ``beside()`` (an fsync of the same file, say) runs on one more thread of the same pool.
+
+    Raises:
+        OSError: the file cannot be read, or ``beside`` raised it.
+    """
+    return _describe([fd], beside)[0]
+
+
+def _describe(fds: list[int], beside=None) -> list[dict]:
+    sizes = [os.fstat(fd).st_size for fd in fds]
+    jobs = [(fd, start, length) for fd, size in zip(fds, sizes) for start, length in _pieces(size)]
+    if len(jobs) <= 1 and beside is None:
+        digests = [_hash_range(*job) for job in jobs]
+    else:
+        with ThreadPoolExecutor(max_workers=min(workers(), len(jobs)) + (beside is not None)) as pool:
+            side = pool.submit(beside) if beside is not None else None  # first, so it starts at once
+            digests = list(pool.map(lambda job: _hash_range(*job), jobs))
+            if side is not None:
+                side.result()
     entries, at = [], 0
     for size in sizes:
         count = len(_pieces(size))
         entries.append(_entry(size, digests[at:at + count]))
         at += count
     return entries
-
-
-class Stream:
-    """The description of bytes that arrive in order (``torch.save`` writing a checkpoint): each full piece is
-    hashed on a pool of threads while the next one fills, with at most ``workers() + 1`` pieces held at once.
-    Use as a context manager; :meth:`entry` gives what :func:`files` gives for the same bytes."""
-
-    def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=workers())
-        self.slots = threading.BoundedSemaphore(workers() + 1)
-        self.piece, self.futures, self.size = bytearray(), [], 0
-
-    def __enter__(self) -> "Stream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-    def feed(self, data) -> None:
-        view = memoryview(data).cast("B")
-        self.size += len(view)
-        while view:
-            take = min(CHUNK - len(self.piece), len(view))
-            self.piece += view[:take]
-            view = view[take:]
-            if len(self.piece) == CHUNK:
-                self._submit()
-
-    def _submit(self) -> None:
-        self.slots.acquire()  # bounds the memory held by pieces waiting for a thread
-        piece, self.piece = self.piece, bytearray()
-        self.futures.append(self.pool.submit(self._hash, piece))
-
-    def _hash(self, piece: bytearray) -> str:
-        try:
-            return hashlib.sha256(piece).hexdigest()
-        finally:
-            self.slots.release()
-
-    def entry(self) -> dict:
-        """The description of everything fed so far (call once, at the end)."""
-        if self.piece or not self.futures:  # the last, shorter piece; or the one piece of an empty stream
-            self._submit()
-        return _entry(self.size, [future.result() for future in self.futures])
 
 
 def same(found: dict, recorded: dict) -> bool:

@@ -37,14 +37,14 @@ def write_new(path, data: bytes, mode: int | None = 0o600) -> None:
 
 
 @contextlib.contextmanager
-def created(path, mode: int | None = 0o600):
-    """``with created(path) as fd:`` write into a file this call creates as :func:`write_new` does; fsynced and
-    closed at the end of the block, removed if the block raises.
+def created(path, mode: int | None = 0o600, readable: bool = False):
+    """``with created(path) as fd:`` write into a file this call creates as :func:`write_new` does (``readable``:
+    open it for reading too); fsynced and closed at the end of the block, removed if the block raises.
 
     Raises:
         IntegrityError: the path exists or is a symlink. OSError for any other failure.
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = (os.O_RDWR if readable else os.O_WRONLY) | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o666 if mode is None else mode)
     except FileExistsError:

@@ -139,7 +139,7 @@ def test_single_file_saves_are_hashed_while_written(tmp_path):
     assert hashed_save.known_entry(target) is None  # a changed file is hashed again when sealed
 
 
-def test_a_large_single_file_save_is_hashed_piece_by_piece_as_torch_writes_it(tmp_path, monkeypatch):
+def test_a_large_single_file_save_is_hashed_piece_by_piece_after_torch_writes_it(tmp_path, monkeypatch):
     import torch
 
     from sprite import digest, integrity
@@ -155,6 +155,16 @@ def test_a_large_single_file_save_is_hashed_piece_by_piece_as_torch_writes_it(tm
     loaded = torch.load(target, weights_only=True)
     assert loaded["step"] == 3 and torch.equal(loaded["w"], state["w"])
     assert os.listdir(tmp_path) == [target.name]
+    events, fsync, replace = [], os.fsync, os.replace  # durable before it has the checkpoint's name
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", os.fspath(a))), replace(a, b))[1])
+    hashed_save.atomic_save(state, tmp_path / "durable.ckpt")
+    renamed = next(i for i, (what, _) in enumerate(events) if what == "replace")
+    assert ("fsync", events[renamed][1]) in events[:renamed], events
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    (tmp_path / "durable.ckpt").unlink()
     with pytest.raises(Exception, match="pickle"):
         hashed_save.atomic_save({"w": lambda: None}, tmp_path / "bad.ckpt")  # cannot be pickled
     assert os.listdir(tmp_path) == [target.name]  # the failed save left no temporary file

@@ -75,15 +75,19 @@ def test_a_large_file_is_described_by_the_sha256_of_each_piece(tmp_path, monkeyp
     pieces = [data[i:i + 4096] for i in range(0, len(data), 4096)]
     assert entry == {"size": len(data), "chunk_bytes": 4096,
                      "sha256_chunks": [hashlib.sha256(p).hexdigest() for p in pieces]}
-    with digest.Stream() as stream:  # hashing while writing, fed as torch.save writes, gives the same
-        for start in range(0, len(data), 1000):
-            stream.feed(data[start:start + 1000])
-        assert stream.entry() == entry
+    ran = []
+    with open(tmp_path / "big", "rb") as f:  # an open file, with an fsync (here a marker) on the same pool
+        assert digest.open_file(f.fileno(), beside=lambda: ran.append(os.fsync(f.fileno()))) == entry
+    assert ran == [None]
     for size in (0, 4096, 8192):  # empty, exactly one piece, exactly two
         (tmp_path / f"part{size}").write_bytes(data[:size])
-        with digest.Stream() as stream:
-            stream.feed(data[:size])
-            assert [stream.entry()] == digest.files([tmp_path / f"part{size}"])
+        with open(tmp_path / f"part{size}", "rb") as f:
+            assert [digest.open_file(f.fileno())] == digest.files([tmp_path / f"part{size}"])
+    assert digest.files([tmp_path / "part0"]) == [{"size": 0, "sha256": hashlib.sha256(b"").hexdigest()}]
+    assert digest.files([tmp_path / "part8192"])[0]["sha256_chunks"] == [hashlib.sha256(data[:4096]).hexdigest(),
+                                                                         hashlib.sha256(data[4096:8192]).hexdigest()]
+    with open(tmp_path / "big", "rb") as f, pytest.raises(OSError, match="disk full"):
+        digest.open_file(f.fileno(), beside=lambda: (_ for _ in ()).throw(OSError("disk full")))  # a failed fsync
     assert integrity.describe(tmp_path, []) == {}  # a rank that wrote no file of a save describes none
     assert 1 <= digest.workers() <= 8
     (tmp_path / "small").write_bytes(data[:4096])  # one piece: the whole-file digest, as sha256sum prints

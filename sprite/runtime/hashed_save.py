@@ -1,11 +1,11 @@
-"""Lightning's single-file checkpoint write, with the SHA-256 computed while the bytes go to disk.
+"""Lightning's single-file checkpoint write, with the SHA-256 computed while the file is fsynced.
 
 Lightning 2.6.6 serializes a checkpoint into memory and writes the bytes through an fsspec transaction
 (fabric/utilities/cloud_io.py:85-117, called from fabric/plugins/io/torch_io.py:58). For a local path sprite
-has ``torch.save`` write straight into a new temporary name beside the target (never through a symlink), each
-64 MiB piece of the bytes going on to a pool of threads that hashes it (``sprite.digest.Stream``), then fsyncs
-and renames over the target as Lightning's transaction does. Sealing the file later costs no second read, and
-the checkpoint is never held whole in memory a second time. Remote paths keep Lightning's own write.
+has ``torch.save`` write straight into a new temporary name beside the target (never through a symlink; no copy
+of the checkpoint in memory), then hashes the file's 64 MiB pieces on a pool of threads from the page cache
+while one more thread fsyncs it (``sprite.digest.open_file``), and renames it over the target as Lightning's
+transaction does. Sealing the file later costs no second read. Remote paths keep Lightning's own write.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import secrets
 from pathlib import Path
 
 from sprite import digest
-from sprite.writeonce import created, write_all
+from sprite.writeonce import created
 
 # realpath -> (size, mtime_ns, inode, sprite.digest entry) of files this process wrote and hashed in one pass
 _WRITTEN: dict[str, tuple[int, int, int, dict]] = {}
@@ -35,30 +35,16 @@ def atomic_save(checkpoint: dict, filepath) -> None:
     target = Path(text)
     temp = target.with_name(f".{target.name}.sprite-tmp-{secrets.token_hex(4)}")
     try:
-        with digest.Stream() as stream, created(temp, mode=None) as fd:
-            torch.save(checkpoint, _Tee(fd, stream))
-            entry = stream.entry()
+        with created(temp, mode=None, readable=True) as fd:
+            with os.fdopen(os.dup(fd), "wb") as out:  # the same writer torch.save uses for any file object
+                torch.save(checkpoint, out)
+            entry = digest.open_file(fd, beside=lambda: os.fsync(fd))
         os.replace(temp, target)  # as Lightning's transaction commit does (fsspec LocalFileOpener.commit)
     finally:
         if os.path.lexists(temp):
             os.unlink(temp)
     info = os.stat(target, follow_symlinks=False)
     _WRITTEN[os.path.realpath(target)] = (info.st_size, info.st_mtime_ns, info.st_ino, entry)
-
-
-class _Tee:
-    """The file object ``torch.save`` writes into (it only writes, in order, and flushes)."""
-
-    def __init__(self, fd: int, stream: digest.Stream) -> None:
-        self.fd, self.stream = fd, stream
-
-    def write(self, data) -> int:
-        write_all(self.fd, data)
-        self.stream.feed(data)
-        return memoryview(data).nbytes
-
-    def flush(self) -> None:
-        pass
 
 
 def known_entry(path) -> dict | None:
