@@ -4,9 +4,8 @@ checkpoint whose manifest verifies, with no change to the script.
 The runtime passes a placeholder as ``fit(ckpt_path=...)``; Lightning hands it on untouched (an unknown string is
 a path to it, trainer/connectors/checkpoint_connector.py:116-215) to ``resume_start`` (checkpoint_connector.py:67),
 which runs after the process group exists (trainer/trainer.py:1033 before :1046/:1066). There rank 0 lists the
-candidates, every rank hashes its share of each one checked (shared_verify; a single file is loaded meanwhile and
-handed to Lightning once it verified, preload), rank 0 decides, every rank gets the choice by broadcast, and a
-refusal ends every rank with exit code 1.
+candidates, every rank hashes its share of each one checked (shared_verify), rank 0 decides, every rank gets the
+choice by broadcast, and a refusal ends every rank with exit code 1.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import os
 from sprite import ckpt_scan, contract
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
-from sprite.runtime import collective, preload, shared_verify
+from sprite.runtime import collective, shared_verify
 
 PENDING = "sprite-resume:pending"  # fit(ckpt_path=PENDING) until resume_start resolves it
 
@@ -51,11 +50,11 @@ def checkpoint_dirs(trainer) -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-def _auto(trainer, check) -> dict:
+def _auto(trainer) -> dict:
     strategy = trainer.strategy
     dirs = checkpoint_dirs(trainer)
     entries, found = strategy.broadcast(ckpt_scan.listed(dirs) if strategy.is_global_zero else None)
-    chosen, skipped = ckpt_scan.pick(entries, check)
+    chosen, skipped = ckpt_scan.pick(entries, lambda path: shared_verify.verify(strategy, path))
     if not strategy.is_global_zero:
         return {}  # rank 0's decision is broadcast
     for entry in skipped:
@@ -79,13 +78,13 @@ def _chosen(entry: ckpt_scan.Entry) -> dict:
     return {"path": str(entry.path)}
 
 
-def _decide(trainer, wanted: str, check) -> dict:
-    """Every rank takes part (the checkpoint is verified by all with ``check``, shared_verify or preload);
-    rank 0's answer counts: ``{"path": str | None}`` or ``{"error": (what, cause, fix)}``."""
+def _decide(trainer, wanted: str) -> dict:
+    """Every rank takes part (the checkpoint is verified by all, shared_verify); rank 0's answer counts:
+    ``{"path": str | None}`` or ``{"error": (what, cause, fix)}``."""
     if wanted == "auto":
-        return _auto(trainer, check)
+        return _auto(trainer)
     strategy = trainer.strategy
-    verdict = check(wanted)
+    verdict = shared_verify.verify(strategy, wanted)
     if not strategy.is_global_zero:
         return {}
     entry = ckpt_scan.inspect(wanted, verify=False)
@@ -97,15 +96,13 @@ def _decide(trainer, wanted: str, check) -> dict:
                       "Pass another checkpoint, or --resume auto to take the newest valid one.")}
 
 
-def resolve(trainer, wanted: str, check=None):
-    """The checkpoint path every rank resumes from, or None for a fresh start. ``check(path)`` verifies a
-    candidate on every rank (default: ``shared_verify.verify``).
+def resolve(trainer, wanted: str):
+    """The checkpoint path every rank resumes from, or None for a fresh start.
 
     Raises:
         IntegrityError: no valid checkpoint to resume from (every rank raises it; exit code 1).
     """
-    check = check or (lambda path: shared_verify.verify(trainer.strategy, path))
-    decision = trainer.strategy.broadcast(_decide(trainer, wanted, check))
+    decision = trainer.strategy.broadcast(_decide(trainer, wanted))
     if "error" in decision:
         raise IntegrityError(*decision["error"])
     return decision["path"]
@@ -130,13 +127,9 @@ def install(wanted: str) -> None:
         return fit(trainer, *args, **kwargs)
 
     def resolving_start(resume_start, connector, checkpoint_path=None, weights_only=None):
-        if checkpoint_path != PENDING:
-            return resume_start(connector, checkpoint_path, weights_only)
-        strategy = connector.trainer.strategy
-        check = preload.Checker(strategy, preload.loader(strategy, weights_only))
-        checkpoint_path = resolve(connector.trainer, wanted, check)
-        with preload.handed_over(strategy, checkpoint_path, check.take(checkpoint_path)):
-            return resume_start(connector, checkpoint_path, weights_only)
+        if checkpoint_path == PENDING:
+            checkpoint_path = resolve(connector.trainer, wanted)
+        return resume_start(connector, checkpoint_path, weights_only)
 
     collective.wrap(Trainer, "fit", first_fit)
     collective.wrap(_CheckpointConnector, "resume_start", resolving_start)
