@@ -5,15 +5,15 @@ The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) 
 launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint holds: every weight, frozen ones
 included, and the adapter's optimizer state. Two formats:
 The sprite side is what sprite's runtime does with every checkpoint (sprite.runtime.ckpt_seal, hashed_save);
-loads verify as `sprite run --resume` does (sprite.runtime.shared_verify: rank 0 checks the manifest and sizes,
-every rank hashes its share of the files, sprite.digest spreading each 64 MiB piece over threads); a folder is
-loaded after, a single file meanwhile (sprite.runtime.preload).
+loads verify first, as `sprite run --resume` does (sprite.runtime.shared_verify: rank 0 checks the manifest and
+sizes, every rank hashes its share of the files, sprite.digest spreading each 64 MiB piece over threads), then
+every rank loads.
 - sharded: a torch.distributed.checkpoint folder, each rank fsyncing and hashing its own shards, rank 0 sealing;
   load = the ranks verify the folder together, then every rank dcp.load. Baseline: each rank torch.save /
   torch.load of its own local shards, one file per rank.
 - full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save into a temporary
   name, then a pool of threads hashes each 64 MiB piece while one more fsyncs the file, rename), then sealed;
-  load = torch.load on a thread while the file is verified, as `--resume` does for one file. Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering
+  load = verify, then torch.load. Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering
   is done once, outside both timings (it is Lightning's cost, the same for both).
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. The plain save
 does not fsync; the time an fsync of its files takes afterwards is timed too, and the save is also given as a
@@ -36,7 +36,6 @@ import statistics
 import sys
 import tempfile
 import time
-import types
 
 
 def _state(model_name: str, accelerator: str):
@@ -172,7 +171,7 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     """One repeat of the full-state format on rank 0: sprite's hashed write and seal, verified load; the baseline."""
     import torch
 
-    from sprite.runtime import preload
+    from sprite import integrity
     from sprite.runtime.hashed_save import atomic_save
 
     from lightning.fabric.utilities.cloud_io import _atomic_save
@@ -188,11 +187,10 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         if rank == 0:
             torch.save(state, plain)
 
-    def sprite_load():  # as `sprite run --resume` does for one file (sprite.runtime.preload): load while verifying
+    def sprite_load():
         if rank == 0:
-            check = preload.Checker(types.SimpleNamespace(world_size=1), lambda p: torch.load(p, weights_only=True))
-            assert check(path).valid, "the sealed file does not verify"
-            assert check.take(path) is not None
+            assert integrity.verify(path).valid, "the sealed file does not verify"
+            torch.load(path, weights_only=True)
 
     def plain_load():
         if rank == 0:
@@ -265,7 +263,7 @@ def main() -> int:
         return 1
     result = json.loads(line.split("RESULT ", 1)[1])
     print(f"model {result['model']}, {result['world']} ranks, medians of {args.repeats}; sprite = write once,"
-          " fsync, SHA-256 manifest / verified load")
+          " fsync, SHA-256 manifest / verify before load")
     for fmt, m in result["medians"].items():
         print(f"{fmt:>10}: save {m['sprite_save']:.2f} s vs plain {m['plain_save']:.2f} s (ratio"
               f" {m['sprite_save'] / m['plain_save']:.2f}; an fsync after the plain save took"
