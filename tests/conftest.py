@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -25,6 +26,32 @@ OUTSIDE_CHECKOUT = str(Path(sys.executable).parent)
 LEAK_GUARDED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")
 SCHEDULER_VARS = ("PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
                   "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SPRITE_SITE")
+
+
+# README's test command runs two pytest-xdist workers with --dist loadscope: a module's tests stay on one worker,
+# so a module-scoped fixture (a whole ckpt-check, a parity run) is built once. These modules use the real Slurm
+# (the ``slurm`` fixture, one cluster per worker that asks for it) and form one scope, so only one worker starts it.
+SLURM_MODULES = ("tests/test_preempt_runs.py", "tests/test_secrets.py", "tests/test_submit_files.py",
+                 "tests/test_submit_slurm.py")
+
+if importlib.util.find_spec("xdist") is not None:
+    def pytest_xdist_make_scheduler(config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        class OneSlurm(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                scope = super()._split_scope(nodeid)
+                return "slurm" if scope.split("::")[0] in SLURM_MODULES else scope
+
+        return OneSlurm(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Refuse a module that uses the real Slurm without being listed in SLURM_MODULES."""
+    stray = {item.nodeid.split("::")[0] for item in items if "slurm" in getattr(item, "fixturenames", ())}
+    if stray - set(SLURM_MODULES):
+        raise pytest.UsageError(f"{', '.join(sorted(stray - set(SLURM_MODULES)))} use(s) the slurm fixture: add it"
+                                " to SLURM_MODULES in tests/conftest.py, so that one pytest-xdist worker runs them all.")
 
 
 @pytest.fixture(autouse=True)
