@@ -50,7 +50,7 @@ def _mine(written: Path, rank: int, world: int) -> list[str]:
 
 def _describe_mine(written: Path, rank: int, world: int) -> tuple[bool, object]:
     """(True, {relpath: {size, sha256}}) after fsync of this rank's files, or (False, the reason). A file this
-    process hashed while writing it (hashed_save) is not read again."""
+    process hashed when it wrote it (hashed_save) is not read again."""
     try:
         root = written if written.is_dir() else written.parent
         names = _mine(written, rank, world)
