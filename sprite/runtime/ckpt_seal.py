@@ -50,14 +50,15 @@ def _mine(written: Path, rank: int, world: int) -> list[str]:
 
 def _describe_mine(written: Path, rank: int, world: int) -> tuple[bool, object]:
     """(True, {relpath: {size, sha256}}) after fsync of this rank's files, or (False, the reason). A file this
-    process hashed when it wrote it (hashed_save) is not read again."""
+    process wrote, hashed and fsynced itself (hashed_save) is neither read nor fsynced again."""
     try:
         root = written if written.is_dir() else written.parent
         names = _mine(written, rank, world)
         known = {name: hashed_save.known_entry(root / name) for name in names}
-        for name in names:
+        unknown = [name for name in names if not known[name]]
+        for name in unknown:
             integrity.fsync_file(root / name)
-        files = integrity.describe(root, [name for name in names if not known[name]])
+        files = integrity.describe(root, unknown)
         files.update({name: entry for name, entry in known.items() if entry})
         return True, files
     except (OSError, integrity.IntegrityError) as err:
