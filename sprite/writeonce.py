@@ -37,9 +37,10 @@ def write_new(path, data: bytes, mode: int | None = 0o600) -> None:
 
 
 @contextlib.contextmanager
-def created(path, mode: int | None = 0o600, readable: bool = False):
+def created(path, mode: int | None = 0o600, readable: bool = False, sync: bool = True):
     """``with created(path) as fd:`` write into a file this call creates as :func:`write_new` does (``readable``:
-    open it for reading too); fsynced and closed at the end of the block, removed if the block raises.
+    open it for reading too); fsynced (unless ``sync`` is False: the caller sees to it) and closed at the end of
+    the block, removed if the block raises.
 
     Raises:
         IntegrityError: the path exists or is a symlink. OSError for any other failure.
@@ -53,7 +54,8 @@ def created(path, mode: int | None = 0o600, readable: bool = False):
         if mode is not None:
             os.fchmod(fd, mode)  # the umask may have removed bits from ``mode``
         yield fd
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(path)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sprite import audit, integrity
+from sprite.runtime import hashed_save
 
 pytestmark = pytest.mark.slow
 
@@ -153,7 +154,8 @@ def test_fsdp_sharded_saves_are_sealed_folders_listing_every_ranks_shards(fsdp):
     for name in fsdp["a_dir"]:
         verdict = integrity.verify(fsdp["ck"] / name)
         assert verdict.valid, verdict.reason
-        assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "meta.pt"} == set(verdict.manifest["files"])
+        shards = {f"__{rank}_{i}.distcp" for rank in (0, 1) for i in range(hashed_save.DCP_THREADS)}
+        assert {".metadata", "meta.pt", *shards} == set(verdict.manifest["files"])
         meta = verdict.manifest["meta"]
         assert (meta["format"], meta["strategy"], meta["world_size"]) == ("dcp", "fsdp", 2)
     assert integrity.verify(fsdp["ck"] / "last.ckpt").manifest["meta"]["step"] == 9  # saved 3 times, swapped in

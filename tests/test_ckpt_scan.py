@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -143,7 +144,7 @@ def test_a_large_single_file_save_is_hashed_piece_by_piece_after_torch_writes_it
     import torch
 
     from sprite import digest, integrity
-    from sprite.runtime import hashed_save
+    from sprite.runtime import durable, hashed_save
 
     monkeypatch.setattr(digest, "CHUNK", 1 << 16)
     state = {"w": torch.arange(100_000, dtype=torch.float32), "step": 3}
@@ -155,13 +156,18 @@ def test_a_large_single_file_save_is_hashed_piece_by_piece_after_torch_writes_it
     loaded = torch.load(target, weights_only=True)
     assert loaded["step"] == 3 and torch.equal(loaded["w"], state["w"])
     assert os.listdir(tmp_path) == [target.name]
-    events, fsync, replace = [], os.fsync, os.replace  # durable before it has the checkpoint's name
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
-                                                 fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", os.fspath(a))), replace(a, b))[1])
-    hashed_save.atomic_save(state, tmp_path / "durable.ckpt")
-    renamed = next(i for i, (what, _) in enumerate(events) if what == "replace")
-    assert ("fsync", events[renamed][1]) in events[:renamed], events
+    events, fsync, replace = [], os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"),
+                                                                threading.current_thread().name)), fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", os.fspath(a), "")), replace(a, b))[1])
+    hashed_save.atomic_save(state, target)  # replaces a checkpoint: durable before it takes the name
+    renamed = next(i for i, (what, _, _) in enumerate(events) if what == "replace")
+    assert [e for e in events[:renamed] if e[:2] == ("fsync", events[renamed][1])], events
+    events.clear()
+    hashed_save.atomic_save(state, tmp_path / "durable.ckpt")  # a new name: fsynced in the background
+    assert durable.drain(60)
+    assert [e[0] for e in events if e[0] == "replace" or e[1].endswith("durable.ckpt")] == ["replace", "fsync"]
+    assert events[-1][2] == "sprite-durable", events
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     (tmp_path / "durable.ckpt").unlink()

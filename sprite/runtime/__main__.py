@@ -62,17 +62,20 @@ def run(argv: list[str]) -> None:
 
 
 def _run_script(script: str, launched: bool) -> None:
-    """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, say
-    so to the watchdog and end every rank together (finish.py); stopped for preemption, exit 75 (preempt.py);
+    """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, wait
+    for the background checkpoint work (durable.py), say so to the watchdog and end every rank together
+    (finish.py); stopped for preemption, wait for that work too and exit 75 (preempt.py);
     failing, leave the process group at once (finish.abandon) so the rank exits with its own code."""
-    from sprite.runtime import finish, preempt, progress
+    from sprite.runtime import durable, finish, preempt, progress
 
     try:
         runpy.run_path(script, run_name="__main__")
     except preempt.Preempted as stopped:  # a SystemExit: caught first
+        durable.drain()
         raise SystemExit(preempt.exit_preempted(stopped)) from None
     except SystemExit as exit:
         if launched and exit.code in (None, 0):
+            durable.drain()  # checkpoints on disk and superseded ones removed, while the process group lives
             progress.finish()
             finish.finish()
         elif launched:
@@ -83,6 +86,7 @@ def _run_script(script: str, launched: bool) -> None:
             finish.abandon()
         raise
     if launched:
+        durable.drain()
         progress.finish()
         finish.finish()
 

@@ -3,9 +3,11 @@
 ``Trainer.save_checkpoint`` is where every save goes (ModelCheckpoint calls it, Lightning 2.6.6
 callbacks/model_checkpoint.py:600, and it runs on every rank, trainer/trainer.py:1463-1465), so sprite wraps it:
 rank 0 first picks a name that does not exist (a save never writes into an existing checkpoint folder), every
-rank then saves as Lightning does, fsyncs and hashes the files it wrote, and rank 0 seals once every rank has
-confirmed. A folder save to a name in use goes to a fresh hidden folder that replaces the old one only when
-complete. ``ModelCheckpoint._remove_checkpoint`` (save_top_k) also removes the manifest sprite wrote beside a file.
+rank then saves as Lightning does and hashes the files it wrote, and rank 0 seals once every rank has confirmed.
+The files of a new name are fsynced in the background (``durable``); a folder save to a name in use goes to a
+fresh hidden folder, fsynced during the save, that replaces the old one only when complete.
+``ModelCheckpoint._remove_checkpoint`` (save_top_k) runs once the newer checkpoint is durable on every rank, and
+also removes the manifest sprite wrote beside a file.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import secrets
 from pathlib import Path
 
 from sprite import integrity
-from sprite.runtime import collective, hashed_save
+from sprite.runtime import collective, durable, hashed_save
 
 
 def _plan(target: Path, folder: bool) -> dict:
@@ -48,21 +50,24 @@ def _mine(written: Path, rank: int, world: int) -> list[str]:
     return sorted(name for name in names if owned(name) == rank)
 
 
-def _describe_mine(written: Path, rank: int, world: int) -> tuple[bool, object]:
-    """(True, {relpath: {size, sha256}}) after fsync of this rank's files, or (False, the reason). A file this
-    process wrote, hashed and fsynced itself (hashed_save) is neither read nor fsynced again."""
+def _describe_mine(written: Path, rank: int, world: int, sync: bool = True) -> tuple[bool, object, list]:
+    """(True, {relpath: {size, sha256}}, paths) or (False, the reason, []) for this rank's files, fsynced now when
+    ``sync``, else named in ``paths`` for a background fsync. A file this process wrote and hashed itself
+    (hashed_save, which also saw to its fsync) is neither read nor fsynced again."""
     try:
         root = written if written.is_dir() else written.parent
         names = _mine(written, rank, world)
         known = {name: hashed_save.known_entry(root / name) for name in names}
         unknown = [name for name in names if not known[name]]
-        for name in unknown:
-            integrity.fsync_file(root / name)
         files = integrity.describe(root, unknown)
         files.update({name: entry for name, entry in known.items() if entry})
-        return True, files
+        paths = [str(root / name) for name in unknown]
+        if sync:
+            for path in paths:
+                integrity.fsync_file(path)
+        return True, files, [] if sync else paths
     except (OSError, integrity.IntegrityError) as err:
-        return False, f"rank {rank}: {err}"
+        return False, f"rank {rank}: {err}", []
 
 
 def _meta(trainer, fmt: str, weights_only) -> dict:
@@ -76,22 +81,23 @@ def _meta(trainer, fmt: str, weights_only) -> dict:
 def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> None:
     """Rank 0: swap a fresh folder into place, replace a stale manifest, seal, record."""
     written = Path(plan["write"])
-    failed = [info for ok, info in reports if not ok]
+    failed = [info for ok, info, _ in reports if not ok]
     if failed:
         collective.say(f"checkpoint {target} is not sealed (a rank could not confirm its files): {'; '.join(failed)}")
         collective.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=False)
         return
-    files = {rel: entry for ok, info in reports for rel, entry in info.items()}
+    files = {rel: entry for ok, info, _ in reports for rel, entry in info.items()}
     if written.is_dir():
         for folder, _, _ in os.walk(written):
             integrity.fsync_dir(folder)
-    if plan["swap"]:
-        _swap(written, target)
-    stale = integrity.manifest_path(target)
-    if not target.is_dir() and os.path.lexists(stale):
-        os.unlink(stale)  # sprite's manifest of the file Lightning has just replaced (fabric cloud_io._atomic_save)
-    fmt = "dcp" if target.is_dir() else "file"
-    integrity.seal(target, _meta(trainer, fmt, weights_only), files)
+    with durable.LOCK:
+        if plan["swap"]:
+            _swap(written, target)
+        stale = integrity.manifest_path(target)
+        if not target.is_dir() and os.path.lexists(stale):
+            os.unlink(stale)  # sprite's manifest of the file Lightning has just replaced (cloud_io._atomic_save)
+        fmt = "dcp" if target.is_dir() else "file"
+        integrity.seal(target, _meta(trainer, fmt, weights_only), files)
     collective.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=True)
 
 
@@ -119,8 +125,10 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
     """Lightning's save, then the seal. Every rank calls it, as Lightning requires.
 
     Raises:
-        OSError: rank 0 could not create the checkpoint's folder (raised on every rank).
+        OSError: rank 0 could not create the checkpoint's folder (raised on every rank), or an earlier
+            checkpoint's background fsync failed (raised on that rank).
     """
+    durable.check()
     strategy = trainer.strategy
     target = Path(os.path.abspath(filepath))
     plan = None
@@ -133,18 +141,24 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
     if "error" in plan:
         raise OSError(plan["error"])
     original(trainer, plan["write"], weights_only, storage_options)
-    reports = collective.gather(_describe_mine(Path(plan["write"]), trainer.global_rank, trainer.world_size))
+    mine = _describe_mine(Path(plan["write"]), trainer.global_rank, trainer.world_size, sync=plan["swap"])
+    reports = collective.gather(mine)
     if strategy.is_global_zero:
         _finish(plan, target, trainer, weights_only, reports)
+    durable.saved(mine[2])
     strategy.barrier("sprite.seal_checkpoint")
 
 
 def remove_checkpoint(original, callback, trainer, filepath) -> None:
-    """Lightning's removal, then rank 0 removes the manifest sprite wrote beside the removed file."""
-    original(callback, trainer, filepath)
-    manifest = integrity.manifest_path(Path(filepath))
-    if trainer.is_global_zero and not os.path.lexists(filepath) and os.path.lexists(manifest):
-        os.unlink(manifest)
+    """Lightning's removal, then rank 0 removes the manifest sprite wrote beside the removed file; both in the
+    background once the newest checkpoint is durable on every rank (``durable.remove_later``)."""
+    def remove():
+        original(callback, trainer, filepath)
+        manifest = integrity.manifest_path(Path(filepath))
+        if trainer.is_global_zero and not os.path.lexists(filepath) and os.path.lexists(manifest):
+            os.unlink(manifest)
+
+    durable.remove_later(filepath, remove)
 
 
 def install() -> None:

@@ -1,0 +1,115 @@
+"""Checkpoint data made durable in the background (sprite.runtime.durable): a save to a new name returns before
+its fsync, a superseded checkpoint is removed only after it, and a failure keeps the older checkpoint."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from sprite.runtime import durable, hashed_save
+
+
+@pytest.fixture
+def held_fsync(monkeypatch):
+    """os.fsync on the background thread waits until the test sets the returned event."""
+    release, fsync, calls = threading.Event(), os.fsync, []
+
+    def fsync_held(fd):
+        if threading.current_thread().name == "sprite-durable":
+            calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+            assert release.wait(60)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_held)
+    yield release, calls
+    release.set()
+    assert durable.drain(60)
+
+
+def test_a_new_checkpoint_is_removed_after_the_newer_one_is_on_disk(tmp_path, held_fsync):
+    release, calls = held_fsync
+    old, new = tmp_path / "epoch=0.ckpt", tmp_path / "epoch=1.ckpt"
+    old.write_bytes(b"an older checkpoint")
+    hashed_save.atomic_save({"w": [1]}, new)  # returns while its fsync waits on the background thread
+    durable.saved([])
+    removed = threading.Event()
+    durable.remove_later(old, lambda: (os.unlink(old), removed.set()))
+    assert not removed.wait(0.5) and old.exists()  # the older checkpoint stays until the newer one is durable
+    release.set()
+    assert durable.drain(60) and removed.is_set() and not old.exists() and new.exists()
+    assert calls == [str(new)]
+
+
+def test_a_removal_skips_a_name_saved_again_since(tmp_path):
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(b"first")
+    gate = threading.Event()
+    durable.later(lambda: gate.wait(60))  # the queue is busy while the name is used again
+    durable.remove_later(path, lambda: os.unlink(path))
+    replacement = tmp_path / ".new"
+    replacement.write_bytes(b"second")
+    os.replace(replacement, path)
+    gate.set()
+    assert durable.drain(60) and path.read_bytes() == b"second"
+
+
+def test_a_failed_background_fsync_keeps_the_older_checkpoint_and_stops_the_next_save(tmp_path, monkeypatch,
+                                                                                      capfd):
+    monkeypatch.setattr(durable, "_failed", [])
+    old, new = tmp_path / "a.ckpt", tmp_path / "b.ckpt"
+    old.write_bytes(b"old")
+    new.write_bytes(b"new")
+    fsync = os.fsync
+
+    def broken(fd):
+        if threading.current_thread().name == "sprite-durable":
+            raise OSError(5, "Input/output error")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", broken)
+    durable.saved([str(new)])
+    durable.remove_later(old, lambda: os.unlink(old))
+    assert durable.drain(60)
+    assert old.exists() and f"kept {old}: a newer checkpoint could not be made durable" in capfd.readouterr().err
+    with pytest.raises(OSError, match="could not be made durable in the background: OSError.*Input/output"):
+        durable.check()
+
+
+def test_removal_waits_until_every_rank_counted_the_newest_save(tmp_path, monkeypatch):
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    monkeypatch.setattr(durable, "_store", lambda: (store, 2))
+    old = tmp_path / "old.ckpt"
+    old.write_bytes(b"old")
+    durable.saved([])  # this rank's share of the newest save: nothing to fsync
+    durable.remove_later(old, lambda: os.unlink(old))
+    assert not durable.drain(1.0) and old.exists()  # the other rank has not counted the save in
+    store.add(durable._key(durable._saves), 1)  # ... now it has
+    assert durable.drain(60) and not old.exists()
+
+
+def test_the_next_save_stops_when_a_background_fsync_failed(monkeypatch, tmp_path):
+    from sprite.runtime import ckpt_seal
+
+    monkeypatch.setattr(durable, "_failed", ["OSError: [Errno 5] Input/output error"])
+    called = []
+    with pytest.raises(OSError, match="could not be made durable"):
+        ckpt_seal.save_checkpoint(lambda *a: called.append(a), None, tmp_path / "next.ckpt")
+    assert not called and not (tmp_path / "next.ckpt").exists()
+
+
+def test_a_folder_replacing_one_of_the_same_name_is_fsynced_during_the_save(tmp_path, monkeypatch):
+    from sprite.runtime import ckpt_seal
+
+    for name in (".metadata", "__0_0.distcp"):
+        (tmp_path / name).write_bytes(b"shard")
+    synced, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd))[1])
+    ok, files, later = ckpt_seal._describe_mine(tmp_path, 0, 1, sync=False)  # a new name: fsync left for later
+    assert ok and set(files) == {".metadata", "__0_0.distcp"} and not synced
+    assert sorted(later) == [str(tmp_path / ".metadata"), str(tmp_path / "__0_0.distcp")]
+    ok, files, later = ckpt_seal._describe_mine(tmp_path, 0, 1, sync=True)  # swapped in over a name in use
+    assert ok and later == [] and sorted(synced) == [str(tmp_path / ".metadata"), str(tmp_path / "__0_0.distcp")]
