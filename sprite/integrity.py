@@ -26,10 +26,11 @@ __all__ = ["IntegrityError", "Verdict", "write_new", "make_dir_new", "fsync_dir"
            "MANIFEST_NAME", "MANIFEST_SUFFIX", "VERSION"]
 
 
-def seal(target, meta: dict, files: Optional[dict] = None) -> Path:
+def seal(target, meta: dict, files: Optional[dict] = None, sync: bool = True) -> Path:
     """Write ``target``'s manifest last and atomically: a temporary name, fsync, a hard link to the final name
     (never replacing one), unlink of the temporary name, fsync of the folder. ``files`` defaults to
-    ``describe(target)``. Returns the manifest's path.
+    ``describe(target)``. ``sync`` False: no fsync of the manifest or its folder (the caller does both later).
+    Returns the manifest's path.
 
     Raises:
         IntegrityError: the target is missing or already has a manifest. OSError on I/O failure.
@@ -45,13 +46,14 @@ def seal(target, meta: dict, files: Optional[dict] = None) -> Path:
     body = {"sprite_manifest": VERSION, "kind": kind, "name": target.name, "meta": meta,
             "files": describe(target) if files is None else files}
     temp = final.parent / f".{MANIFEST_NAME}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    write_new(temp, canonical.sealed(body), 0o600)
+    write_new(temp, canonical.sealed(body), 0o600, sync=sync)
     try:
         _publish(temp, final)
     finally:
         if os.path.lexists(temp):
             os.unlink(temp)
-    fsync_dir(final.parent)
+    if sync:
+        fsync_dir(final.parent)
     return final
 
 

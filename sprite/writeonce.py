@@ -24,15 +24,15 @@ def exists_error(path, what: str) -> IntegrityError:
                           "Choose a new output name or move the old one away.")
 
 
-def write_new(path, data: bytes, mode: int | None = 0o600) -> None:
+def write_new(path, data: bytes, mode: int | None = 0o600, sync: bool = True) -> None:
     """Create ``path`` (it must not exist, not even as a symlink) with ``mode`` whatever the umask (``None``: the
-    usual 0666 less the umask), write, fsync.
+    usual 0666 less the umask), write, fsync (unless ``sync`` is False: the caller sees to it).
 
     Raises:
         IntegrityError: the path exists or is a symlink. OSError for any other failure (the partial file is
             removed, since this call created it).
     """
-    with created(path, mode) as fd:
+    with created(path, mode, sync=sync) as fd:
         write_all(fd, data)
 
 

@@ -57,10 +57,11 @@ def test_no_valid_checkpoint_lists_every_one_and_an_empty_folder_finds_none(tmp_
 
 def test_a_folder_save_never_writes_into_an_existing_folder(tmp_path):
     target = tmp_path / "last.ckpt"
-    assert ckpt_seal._plan(target, folder=True) == {"write": str(target), "swap": False} and target.is_dir()
+    assert ckpt_seal._plan(target, folder=True) == {"write": str(target), "swap": False, "replaces": False}
+    assert target.is_dir()
     again = ckpt_seal._plan(target, folder=True)
     fresh = again["write"]
-    assert again["swap"] and fresh != str(target) and os.path.basename(fresh).startswith(".last.ckpt.sprite-new-")
+    assert again["swap"] and again["replaces"] and fresh != str(target) and os.path.basename(fresh).startswith(".last.ckpt.sprite-new-")
     assert os.path.isdir(fresh) and os.listdir(fresh) == []
 
 

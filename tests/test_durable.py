@@ -113,3 +113,58 @@ def test_a_folder_replacing_one_of_the_same_name_is_fsynced_during_the_save(tmp_
     assert sorted(later) == [str(tmp_path / ".metadata"), str(tmp_path / "__0_0.distcp")]
     ok, files, later = ckpt_seal._describe_mine(tmp_path, 0, 1, sync=True)  # swapped in over a name in use
     assert ok and later == [] and sorted(synced) == [str(tmp_path / ".metadata"), str(tmp_path / "__0_0.distcp")]
+
+
+class _Strategy:  # what ckpt_seal.save_checkpoint asks of a one-process Lightning strategy
+    is_global_zero = True
+
+    def broadcast(self, obj):
+        return obj
+
+    def barrier(self, name=None):
+        pass
+
+
+def test_a_save_to_a_new_name_makes_no_fsync_on_the_training_loop(tmp_path, monkeypatch):
+    import types
+
+    from sprite import audit, contract, integrity
+    from sprite.runtime import ckpt_seal
+
+    monkeypatch.setenv(contract.RUN_DIR, str(tmp_path))
+    synced, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append((threading.current_thread().name, os.readlink(
+        f"/proc/self/fd/{fd}"))), fsync(fd))[1])
+    trainer = types.SimpleNamespace(strategy=_Strategy(), global_step=3, current_epoch=0, world_size=1, global_rank=0)
+    target = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    target.parent.mkdir()
+
+    def save(_trainer, path, _weights_only, _options):
+        hashed_save.atomic_save({"w": list(range(100))}, path)
+
+    ckpt_seal.save_checkpoint(save, trainer, target)
+    assert durable.drain(60) and integrity.verify(target).valid
+    manifest = str(integrity.manifest_path(target))
+    assert {name for name, _ in synced} == {"sprite-durable"}, synced  # data, manifest, folder: all in the background
+    assert {str(target), manifest, str(target.parent)} <= {path for _, path in synced}
+    assert [r["kind"] for r in audit.read(tmp_path / "audit.jsonl")] == ["checkpoint_written"]
+    synced.clear()
+    ckpt_seal.save_checkpoint(save, trainer, target)  # the same name again (last.ckpt): durable before it returns
+    main = [path for name, path in synced if name == "MainThread"]
+    assert not [name for name, _ in synced if name == "sprite-durable"], synced
+    assert str(target.parent) in main and [p for p in main if os.path.basename(p).startswith(".sprite-manifest")], main
+    assert [p for name, p in synced if name.startswith("ThreadPool") and ".epoch=0-step=3.ckpt.sprite-tmp" in p]
+    assert durable.drain(60) and integrity.verify(target).valid
+
+
+def test_audit_records_keep_their_order_with_the_background_thread(tmp_path, monkeypatch):
+    from sprite import audit, contract
+    from sprite.runtime import collective
+
+    monkeypatch.setenv(contract.RUN_DIR, str(tmp_path))
+    gate = threading.Event()
+    durable.later(lambda: gate.wait(60))
+    durable.later(lambda: collective.audit_now("checkpoint_written", path="a"))  # queued by a save
+    threading.Timer(0.3, gate.set).start()
+    collective.audit("preemption", checkpoint="a")  # written after the queued record, not before it
+    assert [r["kind"] for r in audit.read(tmp_path / "audit.jsonl")] == ["checkpoint_written", "preemption"]

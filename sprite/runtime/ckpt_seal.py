@@ -4,8 +4,9 @@
 callbacks/model_checkpoint.py:600, and it runs on every rank, trainer/trainer.py:1463-1465), so sprite wraps it:
 rank 0 first picks a name that does not exist (a save never writes into an existing checkpoint folder), every
 rank then saves as Lightning does and hashes the files it wrote, and rank 0 seals once every rank has confirmed.
-The files of a new name are fsynced in the background (``durable``); a folder save to a name in use goes to a
-fresh hidden folder, fsynced during the save, that replaces the old one only when complete.
+A new name's files, manifest and folders are fsynced in the background (``durable``); a save that replaces a
+checkpoint is fsynced during the save, and a folder save to a name in use goes to a fresh hidden folder that
+replaces the old one only when complete.
 ``ModelCheckpoint._remove_checkpoint`` (save_top_k) runs once the newer checkpoint is durable on every rank, and
 also removes the manifest sprite wrote beside a file.
 """
@@ -23,17 +24,18 @@ from sprite.runtime import collective, durable, hashed_save
 
 
 def _plan(target: Path, folder: bool) -> dict:
-    """Rank 0: where this save writes. A folder save gets a folder made just now (never one that existed)."""
+    """Rank 0: where this save writes, and whether it replaces a checkpoint of the same name (then it is made
+    durable during the save). A folder save gets a folder made just now (never one that existed)."""
     if not folder:
-        return {"write": str(target), "swap": False}
+        return {"write": str(target), "swap": False, "replaces": os.path.lexists(target)}
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(target)
-        return {"write": str(target), "swap": False}
+        return {"write": str(target), "swap": False, "replaces": False}
     except FileExistsError:
         fresh = target.with_name(f".{target.name}.sprite-new-{secrets.token_hex(4)}")
         os.mkdir(fresh)
-        return {"write": str(fresh), "swap": True}
+        return {"write": str(fresh), "swap": True, "replaces": True}
 
 
 def _mine(written: Path, rank: int, world: int) -> list[str]:
@@ -78,17 +80,20 @@ def _meta(trainer, fmt: str, weights_only) -> dict:
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")}
 
 
-def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> None:
-    """Rank 0: swap a fresh folder into place, replace a stale manifest, seal, record."""
-    written = Path(plan["write"])
+def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> tuple[list, list, object]:
+    """Rank 0: swap a fresh folder into place, replace a stale manifest, seal, record. A save that replaces a
+    checkpoint is fsynced and recorded now; for a new name, returns the (files, folders) to fsync in the
+    background and the audit record to write after them."""
+    written, sync = Path(plan["write"]), plan["replaces"]
     failed = [info for ok, info, _ in reports if not ok]
     if failed:
         collective.say(f"checkpoint {target} is not sealed (a rank could not confirm its files): {'; '.join(failed)}")
         collective.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=False)
-        return
+        return [], [], None
     files = {rel: entry for ok, info, _ in reports for rel, entry in info.items()}
-    if written.is_dir():
-        for folder, _, _ in os.walk(written):
+    folders = [folder for folder, _, _ in os.walk(written)] if written.is_dir() else []
+    if sync:
+        for folder in folders:
             integrity.fsync_dir(folder)
     with durable.LOCK:
         if plan["swap"]:
@@ -97,8 +102,13 @@ def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> N
         if not target.is_dir() and os.path.lexists(stale):
             os.unlink(stale)  # sprite's manifest of the file Lightning has just replaced (cloud_io._atomic_save)
         fmt = "dcp" if target.is_dir() else "file"
-        integrity.seal(target, _meta(trainer, fmt, weights_only), files)
-    collective.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=True)
+        manifest = integrity.seal(target, _meta(trainer, fmt, weights_only), files, sync=sync)
+    record = {"path": str(target), "step": trainer.global_step, "verified": True}
+    if sync:
+        collective.audit("checkpoint_written", **record)
+        return [], [], None
+    return [str(manifest)], [*folders, str(manifest.parent)], lambda: collective.audit_now("checkpoint_written",
+                                                                                           **record)
 
 
 def _swap(fresh: Path, target: Path) -> None:
@@ -141,11 +151,12 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
     if "error" in plan:
         raise OSError(plan["error"])
     original(trainer, plan["write"], weights_only, storage_options)
-    mine = _describe_mine(Path(plan["write"]), trainer.global_rank, trainer.world_size, sync=plan["swap"])
+    mine = _describe_mine(Path(plan["write"]), trainer.global_rank, trainer.world_size, sync=plan["replaces"])
     reports = collective.gather(mine)
+    files, folders, record = [], [], None
     if strategy.is_global_zero:
-        _finish(plan, target, trainer, weights_only, reports)
-    durable.saved(mine[2])
+        files, folders, record = _finish(plan, target, trainer, weights_only, reports)
+    durable.saved([*mine[2], *files], folders, record)
     strategy.barrier("sprite.seal_checkpoint")
 
 

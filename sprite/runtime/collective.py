@@ -39,7 +39,16 @@ def say(message: str) -> None:
 
 
 def audit(kind: str, **fields) -> None:
-    """Append a record to ``$SPRITE_RUN_DIR/audit.jsonl`` when the variable is set (callers: rank 0 only)."""
+    """Append a record to ``$SPRITE_RUN_DIR/audit.jsonl`` when the variable is set (callers: rank 0 only), after
+    every record and fsync already queued on the background thread (durable.py), so records keep their order."""
+    from sprite.runtime import durable
+
+    durable.drain()
+    audit_now(kind, **fields)
+
+
+def audit_now(kind: str, **fields) -> None:
+    """:func:`audit` without waiting for the background thread (which calls it for its own records)."""
     run_dir = os.environ.get(contract.RUN_DIR, "").strip()
     if run_dir:
         audit_trail.append(os.path.join(run_dir, AUDIT_NAME), kind, **fields)

@@ -1,9 +1,11 @@
 """Make checkpoint files durable off the training loop's path, and remove a superseded checkpoint only after that.
 
-A save to a new name returns once its files are written, hashed and sealed; the fsync of its data files runs on
-one background thread per rank (:func:`saved`). The manifest and the folders are still fsynced during the save.
-If the node crashes before the data reached the disk, the manifest no longer matches the file, so ``--resume
-auto`` skips that checkpoint. The checkpoint before it is still on disk, because every removal that
+A save to a new name returns once its files are written, hashed and sealed; the fsync of its files, of its
+manifest and of their folders, and rank 0's audit record of the save, run on one background thread per rank
+(:func:`saved`). None of it may wait on the training loop's path: on ext4 a small fsync waits for a large one in
+progress (one journal), so a manifest fsynced during the save would wait for the checkpoint's own data. If the
+node crashes before the data reached the disk, the checkpoint has no manifest or one that no longer matches its
+files, so ``--resume auto`` skips it. The checkpoint before it is still on disk, because every removal that
 ModelCheckpoint asks for (``save_top_k``) waits on the same thread (:func:`remove_later`) until this rank's fsyncs
 are done and every rank has counted the newest save as durable in the process group's store. A save that
 replaces a checkpoint of the same name (``last.ckpt``, a folder in use) fsyncs before it replaces, during the
@@ -89,8 +91,9 @@ def _key(save: int) -> str:
     return f"sprite/durable/{save}"
 
 
-def saved(paths: list) -> None:
-    """After this rank's part of a save: fsync ``paths`` in the background, then count this rank in for the save."""
+def saved(paths: list, dirs: list = (), then=None) -> None:
+    """After this rank's part of a save: in the background, fsync the files ``paths`` and the folders ``dirs``,
+    call ``then()`` (rank 0's audit record), and count this rank in for the save."""
     global _saves
     _saves += 1
     save, (store, _) = _saves, _store()
@@ -99,12 +102,12 @@ def saved(paths: list) -> None:
         bad = False
         try:
             for path in paths:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except OSError:
+                _fsync(path, 0)
+            for path in dirs:
+                _fsync(path, os.O_DIRECTORY)
+            if then is not None:
+                then()
+        except Exception:
             bad = True
             raise
         finally:
@@ -113,6 +116,14 @@ def saved(paths: list) -> None:
                     store.add(_key(save) + "/failed", 1)
                 store.add(_key(save), 1)
     later(job)
+
+
+def _fsync(path, flags: int) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _identity(path) -> tuple | None:
