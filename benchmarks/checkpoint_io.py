@@ -1,27 +1,29 @@
-"""Checkpoint save and load with sprite's integrity (write once, fsync, SHA-256 manifest, verify before load)
+"""Checkpoint save and load with sprite's integrity (write once, SHA-256 manifest, fsync, verify before load)
 against a plain torch.save / torch.load of the same state, measured in the same run.
 
 The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) is sharded with FSDP2 over the
 launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint holds: every weight, frozen ones
-included, and the adapter's optimizer state. Two formats:
-The sprite side is what sprite's runtime does with every checkpoint (sprite.runtime.ckpt_seal, hashed_save);
-loads verify first, as `sprite run --resume` does (sprite.runtime.shared_verify: rank 0 checks the manifest and
-sizes, every rank hashes its share of the files, sprite.digest spreading each 64 MiB piece over threads), then
-every rank loads.
-- sharded: a torch.distributed.checkpoint folder, each rank fsyncing and hashing its own shards, rank 0 sealing;
-  load = the ranks verify the folder together, then every rank dcp.load. Baseline: each rank torch.save /
-  torch.load of its own local shards, one file per rank.
+included, and the adapter's optimizer state. The sprite side is what sprite's runtime does with every checkpoint
+(sprite.runtime.hashed_save, ckpt_seal, durable): write, hash from the page cache on a pool of threads, seal, and
+fsync the new files on a background thread, so a save is timed twice: until it returns to the training loop
+("save") and until its files are on disk on every rank ("durable"). Loads verify first, as `sprite run --resume`
+does (sprite.runtime.shared_verify: every rank hashes its share of the files), then load. Every load also copies
+what it read into the state's own tensors (a resume is not done before the model holds it), for all sides alike.
+Two formats:
+- sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save: fsync left
+  to the seal; --dcp-threads sets its writer threads per rank); load = the ranks verify the folder together, then every rank dcp.load. Baseline:
+  each rank torch.save / torch.load of its own local shards, one file per rank.
 - full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save into a temporary
-  name, then a pool of threads hashes each 64 MiB piece while one more fsyncs the file, rename), then sealed;
-  load = verify, then torch.load. Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering
-  is done once, outside both timings (it is Lightning's cost, the same for both).
+  name, a pool of threads hashes each 64 MiB piece, rename), then sealed; load = verify, then torch.load with
+  mmap=True, as Lightning's FSDP strategies load a full-state file (lightning/fabric/strategies/model_parallel.py).
+  Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering is done once, outside all timings.
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. The plain save
-does not fsync; the time an fsync of its files takes afterwards is timed too, and the save is also given as a
-ratio to that durable plain save (plain save + fsync). Also printed, to tell the format's cost from sprite's: the
-same save and load without sprite (Lightning's own dcp.save / dcp.load, whose FileSystemWriter fsyncs every file
-by default, or its single-file write, which does not, then torch.load), no manifest. Loads are timed twice: from
-the page cache the save just filled, and cold (each load's files dropped from the page cache first), as a
-resume on a fresh node reads them.
+does not fsync; the time an fsync of its files takes afterwards is timed too, and sprite's durable time is given
+as a ratio to that durable plain save (plain save + fsync). Also printed, to tell the format's cost from
+sprite's: the same save and load without sprite (Lightning's own dcp.save / dcp.load, whose FileSystemWriter
+fsyncs every file by default, or its single-file write, which does not, then its mmap load), no manifest. Loads
+are timed twice: from the page cache the save just filled, and cold (each load's files dropped from the page
+cache first), as a resume on a fresh node reads them.
 
     python benchmarks/checkpoint_io.py [--model qwen2.5-0.5b-shape] [--devices 2] [--accelerator auto] [--repeats 3]
 """
@@ -64,9 +66,13 @@ def _state(model_name: str, accelerator: str):
     return model, optimizer, get_model_state_dict, get_optimizer_state_dict
 
 
-def _timed(fn) -> float:
+def _timed(fn, clean: bool = False) -> float:
+    """Seconds ``fn`` takes on the slowest rank; ``clean``: first write back every dirty page (os.sync), so that
+    a save does not share the disk with the write-back of the save before it."""
     import torch.distributed as dist
 
+    if clean:
+        os.sync()
     dist.barrier()
     start = time.perf_counter()
     fn()
@@ -99,21 +105,61 @@ def _folder_bytes(path: pathlib.Path) -> int:
 
 
 def _seal(path: pathlib.Path, rank: int, world: int) -> None:
-    """What sprite's runtime does after every save (sprite.runtime.ckpt_seal): each of ``world`` ranks fsyncs and
-    hashes the files it wrote (a single file hashed while written is not read again), rank 0 seals them all."""
+    """What sprite's runtime does after every save to a new name (sprite.runtime.ckpt_seal): each of ``world``
+    ranks hashes the files it wrote (a single file hashed as it was written is not read again), rank 0 seals them
+    all, and every rank queues the fsync of its files (rank 0: also the manifest and folders) on its background
+    thread."""
     import torch.distributed as dist
 
     from sprite import integrity
+    from sprite.runtime import durable
     from sprite.runtime.ckpt_seal import _describe_mine
 
-    mine = _describe_mine(path, rank, world)
-    reports = [mine]
+    mine = _describe_mine(path, rank, world, sync=False)
+    reports, files, folders = [mine], [], []
     if world > 1:  # a full-state file is rank 0's alone: no gather
         reports = [None] * world
         dist.all_gather_object(reports, mine)
     if rank == 0:
-        assert all(ok for ok, _ in reports), reports
-        integrity.seal(path, {"bench": True}, {rel: entry for _, files in reports for rel, entry in files.items()})
+        assert all(ok for ok, _, _ in reports), reports
+        manifest = integrity.seal(path, {"bench": True}, {rel: entry for _, described, _ in reports
+                                                          for rel, entry in described.items()}, sync=False)
+        files, folders = [str(manifest)], [*([str(path)] if path.is_dir() else []), str(manifest.parent)]
+    durable.saved([*mine[2], *files], folders)
+
+
+def _durable() -> None:
+    """Wait until this rank's background fsyncs are done (every rank calls it; _timed's barrier then waits for all)."""
+    from sprite.runtime import durable
+
+    assert durable.drain(600)
+    durable.check()
+
+
+def _into(dest, loaded) -> None:
+    """Copy every tensor of ``loaded`` into the tensor at the same place in ``dest`` (a state of the same layout)."""
+    import torch
+
+    if isinstance(dest, torch.Tensor):
+        dest.copy_(loaded)
+    elif isinstance(dest, dict):
+        for key, value in dest.items():
+            _into(value, loaded[key])
+    elif isinstance(dest, (list, tuple)):
+        for value, got in zip(dest, loaded):
+            _into(value, got)
+
+
+def _empty_like(state):
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return torch.empty_like(state)
+    if isinstance(state, dict):
+        return {key: _empty_like(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [_empty_like(value) for value in state]
+    return state
 
 
 def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
@@ -123,6 +169,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     import torch.distributed.checkpoint as dcp
 
     from sprite.runtime import shared_verify
+    from sprite.runtime.hashed_save import dcp_save
 
     folder, plain, bare = root / f"dcp{repeat}", root / f"plain{repeat}", root / f"bare{repeat}"
     local = {key: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in part.items()}
@@ -133,7 +180,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         if rank == 0:
             folder.mkdir()
         dist.barrier()
-        dcp.save(state, checkpoint_id=folder)
+        dcp_save(state, folder)
         _seal(folder, rank, world)
 
     def plain_save():
@@ -146,14 +193,16 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         assert shared_verify.verify(shared_verify.DefaultGroup(), folder).valid, "the sealed folder does not verify"
         dcp.load(state, checkpoint_id=folder)
 
-    def plain_load():
-        torch.load(plain / f"rank{rank}.pt", weights_only=True)
+    def plain_load():  # into the model's own local shards, as dcp.load does
+        _into(local, torch.load(plain / f"rank{rank}.pt", weights_only=True))
 
     def format_save():  # the format without sprite: Lightning's own dcp.save (fsyncs, sync_files=True), no manifest
         dcp.save(state, checkpoint_id=bare)
 
-    times = {"plain_save": _timed(plain_save), "plain_fsync": _timed(lambda: _fsync(plain / f"rank{rank}.pt")),
-             "format_save": _timed(format_save), "sprite_save": _timed(sprite_save),
+    times = {"plain_save": _timed(plain_save, clean=True),
+             "plain_fsync": _timed(lambda: _fsync(plain / f"rank{rank}.pt")),
+             "format_save": _timed(format_save, clean=True), "sprite_save": _timed(sprite_save, clean=True),
+             "sprite_durable": _timed(_durable),
              "plain_load": _timed(plain_load), "format_load": _timed(lambda: dcp.load(state, checkpoint_id=bare)),
              "sprite_load": _timed(sprite_load)}
     times.update(plain_cold=_cold(plain_load, plain), format_cold=_cold(lambda: dcp.load(state, checkpoint_id=bare),
@@ -177,6 +226,7 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     from lightning.fabric.utilities.cloud_io import _atomic_save
 
     path, plain, bare = root / f"full{repeat}.ckpt", root / f"full{repeat}.plain.ckpt", root / f"full{repeat}.bare"
+    dest = _empty_like(state) if rank == 0 else None  # where a load puts the state: the model's tensors
 
     def sprite_save():  # Lightning's TorchCheckpointIO write under sprite's runtime, then the seal
         if rank == 0:
@@ -187,23 +237,29 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         if rank == 0:
             torch.save(state, plain)
 
-    def sprite_load():
+    def sprite_load():  # verify, then Lightning's load of an FSDP full-state file: torch.load(mmap=True)
         if rank == 0:
             assert integrity.verify(path).valid, "the sealed file does not verify"
-            torch.load(path, weights_only=True)
+            _into(dest, torch.load(path, weights_only=True, mmap=True))
 
     def plain_load():
         if rank == 0:
-            torch.load(plain, weights_only=True)
+            _into(dest, torch.load(plain, weights_only=True))
+
+    def format_load():  # the format without sprite: Lightning's mmap load, no verification
+        if rank == 0:
+            _into(dest, torch.load(bare, weights_only=True, mmap=True))
 
     def format_save():  # the format without sprite: Lightning's own write (cloud_io._atomic_save), no fsync
         if rank == 0:
             _atomic_save(state, bare)
 
-    times = {"plain_save": _timed(plain_save), "plain_fsync": _timed(lambda: _fsync(plain) if rank == 0 else None),
-             "format_save": _timed(format_save), "sprite_save": _timed(sprite_save),
-             "plain_load": _timed(plain_load), "format_load": _timed(plain_load), "sprite_load": _timed(sprite_load)}
-    times.update(plain_cold=_cold(plain_load, plain), format_cold=_cold(plain_load, plain),
+    times = {"plain_save": _timed(plain_save, clean=True),
+             "plain_fsync": _timed(lambda: _fsync(plain) if rank == 0 else None),
+             "format_save": _timed(format_save, clean=True), "sprite_save": _timed(sprite_save, clean=True),
+             "sprite_durable": _timed(_durable),
+             "plain_load": _timed(plain_load), "format_load": _timed(format_load), "sprite_load": _timed(sprite_load)}
+    times.update(plain_cold=_cold(plain_load, plain), format_cold=_cold(format_load, bare),
                  sprite_cold=_cold(sprite_load, path))
     return {**times, "plain_bytes": plain.stat().st_size if rank == 0 else 0,
             "sprite_bytes": path.stat().st_size if rank == 0 else 0}
@@ -214,6 +270,10 @@ def worker(args) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
+    from sprite.runtime import hashed_save
+
+    if args.dcp_threads:
+        hashed_save.DCP_THREADS = args.dcp_threads
     model, optimizer, get_model, get_optim = _state(args.model, args.accelerator)
     rank = dist.get_rank()
     sharded = {"model": get_model(model), "optim": get_optim(model, optimizer)}
@@ -228,7 +288,8 @@ def worker(args) -> None:
     if rank == 0:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
                    for fmt, rows in runs.items()}
-        print("RESULT " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians}))
+        print("RESULT " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians,
+                                      "dcp_threads": hashed_save.DCP_THREADS}))
     dist.destroy_process_group()
 
 
@@ -238,6 +299,8 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dcp-threads", type=int, default=0,
+                        help="writer threads per rank for sprite's sharded save (default: sprite's own choice)")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -253,7 +316,7 @@ def main() -> int:
         flags = {"script": os.path.abspath(__file__), "devices": args.devices, "strategy": "fsdp",
                  "accelerator": args.accelerator, "env": {"HF_HUB_OFFLINE": "1"},
                  "args": ["--worker", "--out", tmp, "--model", args.model, "--accelerator", args.accelerator,
-                          "--repeats", str(args.repeats)]}
+                          "--repeats", str(args.repeats), "--dcp-threads", str(args.dcp_threads)]}
         plan = plan_run(flags)
         run = subprocess.run([resolve_program(plan), *plan.argv[1:]], env={**os.environ, **plan.env},
                              capture_output=True, text=True)
@@ -262,13 +325,15 @@ def main() -> int:
         print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
         return 1
     result = json.loads(line.split("RESULT ", 1)[1])
-    print(f"model {result['model']}, {result['world']} ranks, medians of {args.repeats}; sprite = write once,"
-          " fsync, SHA-256 manifest / verify before load")
+    print(f"model {result['model']}, {result['world']} ranks, medians of {args.repeats}, sharded writer threads"
+          f" {result['dcp_threads']}; sprite = write once,"
+          " SHA-256 manifest, fsync in the background / verify before load; loads include the copy into the state")
     for fmt, m in result["medians"].items():
+        durable = m["sprite_save"] + m["sprite_durable"]
         print(f"{fmt:>10}: save {m['sprite_save']:.2f} s vs plain {m['plain_save']:.2f} s (ratio"
-              f" {m['sprite_save'] / m['plain_save']:.2f}; an fsync after the plain save took"
-              f" {m['plain_fsync']:.2f} s more; ratio to that durable plain save"
-              f" {m['sprite_save'] / (m['plain_save'] + m['plain_fsync']):.2f}); load {m['sprite_load']:.2f} s"
+              f" {m['sprite_save'] / m['plain_save']:.2f}); on disk after {durable:.2f} s vs plain save + fsync"
+              f" {m['plain_save'] + m['plain_fsync']:.2f} s (ratio"
+              f" {durable / (m['plain_save'] + m['plain_fsync']):.2f}); load {m['sprite_load']:.2f} s"
               f" vs plain {m['plain_load']:.2f} s (ratio {m['sprite_load'] / m['plain_load']:.2f});"
               f" without sprite: save {m['format_save']:.2f} s, load {m['format_load']:.2f} s; from a cold page"
               f" cache: load {m['sprite_cold']:.2f} s vs plain {m['plain_cold']:.2f} s (ratio"
