@@ -168,3 +168,28 @@ def test_audit_records_keep_their_order_with_the_background_thread(tmp_path, mon
     threading.Timer(0.3, gate.set).start()
     collective.audit("preemption", checkpoint="a")  # written after the queued record, not before it
     assert [r["kind"] for r in audit.read(tmp_path / "audit.jsonl")] == ["checkpoint_written", "preemption"]
+
+
+def test_a_save_that_was_not_sealed_keeps_the_checkpoint_it_was_to_supersede(tmp_path, capfd):
+    old = tmp_path / "epoch=0.ckpt"
+    old.write_bytes(b"old")
+    durable.saved([], sealed=False)  # rank 0: a rank could not confirm its files, no manifest
+    durable.remove_later(old, lambda: os.unlink(old))
+    assert durable.drain(60) and old.exists()
+    assert f"kept {old}: the newer checkpoint was not sealed" in capfd.readouterr().err
+
+
+def test_a_checkpoint_a_rank_could_not_confirm_supersedes_nothing(tmp_path, monkeypatch, capfd):
+    import types
+
+    from sprite.runtime import ckpt_seal
+
+    monkeypatch.setattr(ckpt_seal, "_describe_mine", lambda *a, **k: (False, "rank 0: disk full", []))
+    trainer = types.SimpleNamespace(strategy=_Strategy(), global_step=6, current_epoch=0, world_size=1, global_rank=0)
+    old, new = tmp_path / "epoch=0-step=3.ckpt", tmp_path / "epoch=0-step=6.ckpt"
+    old.write_bytes(b"old")
+    ckpt_seal.save_checkpoint(lambda *a: new.write_bytes(b"new"), trainer, new)
+    durable.remove_later(old, lambda: os.unlink(old))  # what ModelCheckpoint asks right after the save
+    assert durable.drain(60) and old.exists()
+    err = capfd.readouterr().err
+    assert "is not sealed (a rank could not confirm its files): rank 0: disk full" in err and "kept" in err

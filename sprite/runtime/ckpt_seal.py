@@ -83,13 +83,13 @@ def _meta(trainer, fmt: str, weights_only) -> dict:
 def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> tuple[list, list, object]:
     """Rank 0: swap a fresh folder into place, replace a stale manifest, seal, record. A save that replaces a
     checkpoint is fsynced and recorded now; for a new name, returns the (files, folders) to fsync in the
-    background and the audit record to write after them."""
+    background and the audit record to write after them (False: not sealed)."""
     written, sync = Path(plan["write"]), plan["replaces"]
     failed = [info for ok, info, _ in reports if not ok]
     if failed:
         collective.say(f"checkpoint {target} is not sealed (a rank could not confirm its files): {'; '.join(failed)}")
         collective.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=False)
-        return [], [], None
+        return [], [], False
     files = {rel: entry for ok, info, _ in reports for rel, entry in info.items()}
     folders = [folder for folder, _, _ in os.walk(written)] if written.is_dir() else []
     if sync:
@@ -156,7 +156,7 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
     files, folders, record = [], [], None
     if strategy.is_global_zero:
         files, folders, record = _finish(plan, target, trainer, weights_only, reports)
-    durable.saved([*mine[2], *files], folders, record)
+    durable.saved([*mine[2], *files], folders, record or None, sealed=record is not False)
     strategy.barrier("sprite.seal_checkpoint")
 
 

@@ -29,6 +29,7 @@ _jobs: queue.Queue = queue.Queue()
 _thread: threading.Thread | None = None
 _failed: list[str] = []
 _saves = 0  # Trainer.save_checkpoint calls so far: the same count on every rank (every rank calls it)
+_unsealed: set[int] = set()  # saves of this process that came out without a manifest
 
 
 def _serve() -> None:
@@ -91,12 +92,15 @@ def _key(save: int) -> str:
     return f"sprite/durable/{save}"
 
 
-def saved(paths: list, dirs: list = (), then=None) -> None:
+def saved(paths: list, dirs: list = (), then=None, sealed: bool = True) -> None:
     """After this rank's part of a save: in the background, fsync the files ``paths`` and the folders ``dirs``,
-    call ``then()`` (rank 0's audit record), and count this rank in for the save."""
+    call ``then()`` (rank 0's audit record), and count this rank in for the save. ``sealed`` False (rank 0: the
+    save has no manifest) keeps every checkpoint that a removal asks for afterwards."""
     global _saves
     _saves += 1
     save, (store, _) = _saves, _store()
+    if not sealed:
+        _unsealed.add(save)
 
     def job():
         bad = False
@@ -147,7 +151,8 @@ def _all_durable(store, world: int, save: int) -> bool:
 def remove_later(path, remove) -> None:
     """Call ``remove()`` (which removes ``path``) in the background once the newest save is durable on every rank.
 
-    Nothing is removed when a fsync failed, when a rank never confirmed, or when ``path`` is no longer the file
+    Nothing is removed when a fsync failed, when the newest save was not sealed, when a rank never confirmed, or
+    when ``path`` is no longer the file
     or folder it was when the removal was asked for (saved again under the same name since): the older checkpoint
     stays, and sprite says so."""
     save, (store, world), identity = _saves, _store(), _identity(path)
@@ -156,6 +161,8 @@ def remove_later(path, remove) -> None:
         reason = ""
         if _failed:
             reason = "a newer checkpoint could not be made durable"
+        elif save in _unsealed:
+            reason = "the newer checkpoint was not sealed"
         elif store is not None and save and not _all_durable(store, world, save):
             reason = "not every rank confirmed that the newer checkpoint is on disk"
         if reason:
