@@ -11,7 +11,8 @@ does (sprite.runtime.shared_verify: every rank hashes its share of the files), t
 what it read into the state's own tensors (a resume is not done before the model holds it), for all sides alike.
 Two formats:
 - sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save: fsync left
-  to the seal; --dcp-threads sets its writer threads per rank); load = the ranks verify the folder together, then every rank dcp.load. Baseline:
+  to the seal; --dcp-threads sets its writer threads per rank); load = the ranks verify the folder together,
+  then every rank dcp.load. Baseline:
   each rank torch.save / torch.load of its own local shards, one file per rank.
 - full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save into a temporary
   name, a pool of threads hashes each 64 MiB piece, rename), then sealed; load = verify, then torch.load with

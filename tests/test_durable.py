@@ -132,6 +132,8 @@ def test_a_save_to_a_new_name_makes_no_fsync_on_the_training_loop(tmp_path, monk
     from sprite.runtime import ckpt_seal
 
     monkeypatch.setenv(contract.RUN_DIR, str(tmp_path))
+    trail = tmp_path / "audit.jsonl"
+    audit.append(trail, "launch")  # a run's trail exists before its first save
     synced, fsync = [], os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append((threading.current_thread().name, os.readlink(
         f"/proc/self/fd/{fd}"))), fsync(fd))[1])
@@ -142,12 +144,17 @@ def test_a_save_to_a_new_name_makes_no_fsync_on_the_training_loop(tmp_path, monk
     def save(_trainer, path, _weights_only, _options):
         hashed_save.atomic_save({"w": list(range(100))}, path)
 
+    gate = threading.Event()
+    durable.later(lambda: gate.wait(60))  # the background thread is busy: nothing of this save is fsynced yet
     ckpt_seal.save_checkpoint(save, trainer, target)
-    assert durable.drain(60) and integrity.verify(target).valid
+    assert integrity.verify(target).valid and not synced  # sealed and recorded when the save returns ...
+    assert [(r["kind"], r.get("path")) for r in audit.read(trail)] == [("launch", None),
+                                                                       ("checkpoint_written", str(target))]
+    gate.set()
+    assert durable.drain(60)
     manifest = str(integrity.manifest_path(target))
-    assert {name for name, _ in synced} == {"sprite-durable"}, synced  # data, manifest, folder: all in the background
-    assert {str(target), manifest, str(target.parent)} <= {path for _, path in synced}
-    assert [r["kind"] for r in audit.read(tmp_path / "audit.jsonl")] == ["checkpoint_written"]
+    assert {name for name, _ in synced} == {"sprite-durable"}, synced  # ... and fsynced in the background
+    assert {str(target), manifest, str(trail), str(target.parent)} <= {path for _, path in synced}
     synced.clear()
     ckpt_seal.save_checkpoint(save, trainer, target)  # the same name again (last.ckpt): durable before it returns
     main = [path for name, path in synced if name == "MainThread"]
@@ -155,19 +162,6 @@ def test_a_save_to_a_new_name_makes_no_fsync_on_the_training_loop(tmp_path, monk
     assert str(target.parent) in main and [p for p in main if os.path.basename(p).startswith(".sprite-manifest")], main
     assert [p for name, p in synced if name.startswith("ThreadPool") and ".epoch=0-step=3.ckpt.sprite-tmp" in p]
     assert durable.drain(60) and integrity.verify(target).valid
-
-
-def test_audit_records_keep_their_order_with_the_background_thread(tmp_path, monkeypatch):
-    from sprite import audit, contract
-    from sprite.runtime import collective
-
-    monkeypatch.setenv(contract.RUN_DIR, str(tmp_path))
-    gate = threading.Event()
-    durable.later(lambda: gate.wait(60))
-    durable.later(lambda: collective.audit_now("checkpoint_written", path="a"))  # queued by a save
-    threading.Timer(0.3, gate.set).start()
-    collective.audit("preemption", checkpoint="a")  # written after the queued record, not before it
-    assert [r["kind"] for r in audit.read(tmp_path / "audit.jsonl")] == ["checkpoint_written", "preemption"]
 
 
 def test_a_save_that_was_not_sealed_keeps_the_checkpoint_it_was_to_supersede(tmp_path, capfd):

@@ -80,10 +80,10 @@ def _meta(trainer, fmt: str, weights_only) -> dict:
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")}
 
 
-def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> tuple[list, list, object]:
+def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> tuple[list, list, bool]:
     """Rank 0: swap a fresh folder into place, replace a stale manifest, seal, record. A save that replaces a
-    checkpoint is fsynced and recorded now; for a new name, returns the (files, folders) to fsync in the
-    background and the audit record to write after them (False: not sealed)."""
+    checkpoint is fsynced now; for a new name, returns the files (manifest, audit trail) and folders to fsync in
+    the background. The last item says whether the checkpoint came out sealed."""
     written, sync = Path(plan["write"]), plan["replaces"]
     failed = [info for ok, info, _ in reports if not ok]
     if failed:
@@ -106,9 +106,9 @@ def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> t
     record = {"path": str(target), "step": trainer.global_step, "verified": True}
     if sync:
         collective.audit("checkpoint_written", **record)
-        return [], [], None
-    return [str(manifest)], [*folders, str(manifest.parent)], lambda: collective.audit_now("checkpoint_written",
-                                                                                           **record)
+        return [], [], True
+    trail = collective.audit_unsynced("checkpoint_written", **record)  # fsynced with the checkpoint
+    return [str(manifest), *([trail] if trail else [])], [*folders, str(manifest.parent)], True
 
 
 def _swap(fresh: Path, target: Path) -> None:
@@ -153,10 +153,10 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
     original(trainer, plan["write"], weights_only, storage_options)
     mine = _describe_mine(Path(plan["write"]), trainer.global_rank, trainer.world_size, sync=plan["replaces"])
     reports = collective.gather(mine)
-    files, folders, record = [], [], None
+    files, folders, sealed = [], [], True
     if strategy.is_global_zero:
-        files, folders, record = _finish(plan, target, trainer, weights_only, reports)
-    durable.saved([*mine[2], *files], folders, record or None, sealed=record is not False)
+        files, folders, sealed = _finish(plan, target, trainer, weights_only, reports)
+    durable.saved([*mine[2], *files], folders, sealed=sealed)
     strategy.barrier("sprite.seal_checkpoint")
 
 

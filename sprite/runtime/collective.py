@@ -39,19 +39,20 @@ def say(message: str) -> None:
 
 
 def audit(kind: str, **fields) -> None:
-    """Append a record to ``$SPRITE_RUN_DIR/audit.jsonl`` when the variable is set (callers: rank 0 only), after
-    every record and fsync already queued on the background thread (durable.py), so records keep their order."""
-    from sprite.runtime import durable
-
-    durable.drain()
-    audit_now(kind, **fields)
-
-
-def audit_now(kind: str, **fields) -> None:
-    """:func:`audit` without waiting for the background thread (which calls it for its own records)."""
+    """Append a record to ``$SPRITE_RUN_DIR/audit.jsonl`` when the variable is set (callers: rank 0 only)."""
     run_dir = os.environ.get(contract.RUN_DIR, "").strip()
     if run_dir:
         audit_trail.append(os.path.join(run_dir, AUDIT_NAME), kind, **fields)
+
+
+def audit_unsynced(kind: str, **fields) -> str | None:
+    """:func:`audit` without the fsync; returns the trail's path for the caller to fsync (None: no trail)."""
+    run_dir = os.environ.get(contract.RUN_DIR, "").strip()
+    if not run_dir:
+        return None
+    path = os.path.join(run_dir, AUDIT_NAME)
+    audit_trail.append_unsynced(path, kind, **fields)
+    return path
 
 
 def wrap(cls, name: str, wrapper) -> None:

@@ -1,9 +1,10 @@
 """Make checkpoint files durable off the training loop's path, and remove a superseded checkpoint only after that.
 
-A save to a new name returns once its files are written, hashed and sealed; the fsync of its files, of its
-manifest and of their folders, and rank 0's audit record of the save, run on one background thread per rank
-(:func:`saved`). None of it may wait on the training loop's path: on ext4 a small fsync waits for a large one in
-progress (one journal), so a manifest fsynced during the save would wait for the checkpoint's own data. If the
+A save to a new name returns once its files are written, hashed and sealed and rank 0 has appended its audit
+record; the fsync of its files, of its manifest, of the audit trail and of their folders runs on one background
+thread per rank (:func:`saved`). None of it may wait on the training loop's path: on ext4 a small fsync waits for
+a large one in progress (one journal), so a manifest fsynced during the save would wait for the checkpoint's own
+data. If the
 node crashes before the data reached the disk, the checkpoint has no manifest or one that no longer matches its
 files, so ``--resume auto`` skips it. The checkpoint before it is still on disk, because every removal that
 ModelCheckpoint asks for (``save_top_k``) waits on the same thread (:func:`remove_later`) until this rank's fsyncs
@@ -92,10 +93,10 @@ def _key(save: int) -> str:
     return f"sprite/durable/{save}"
 
 
-def saved(paths: list, dirs: list = (), then=None, sealed: bool = True) -> None:
+def saved(paths: list, dirs: list = (), sealed: bool = True) -> None:
     """After this rank's part of a save: in the background, fsync the files ``paths`` and the folders ``dirs``,
-    call ``then()`` (rank 0's audit record), and count this rank in for the save. ``sealed`` False (rank 0: the
-    save has no manifest) keeps every checkpoint that a removal asks for afterwards."""
+    and count this rank in for the save. ``sealed`` False (rank 0: the save has no manifest) keeps every
+    checkpoint that a removal asks for afterwards."""
     global _saves
     _saves += 1
     save, (store, _) = _saves, _store()
@@ -109,8 +110,6 @@ def saved(paths: list, dirs: list = (), then=None, sealed: bool = True) -> None:
                 _fsync(path, 0)
             for path in dirs:
                 _fsync(path, os.O_DIRECTORY)
-            if then is not None:
-                then()
         except Exception:
             bad = True
             raise
