@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -187,3 +188,29 @@ def test_a_checkpoint_a_rank_could_not_confirm_supersedes_nothing(tmp_path, monk
     assert durable.drain(60) and old.exists()
     err = capfd.readouterr().err
     assert "is not sealed (a rank could not confirm its files): rank 0: disk full" in err and "kept" in err
+
+
+def test_a_new_folder_checkpoint_and_its_entry_in_the_parent_are_fsynced_in_the_background(tmp_path, monkeypatch):
+    import types
+
+    from sprite import integrity
+    from sprite.runtime import ckpt_seal
+
+    monkeypatch.delenv("SPRITE_RUN_DIR", raising=False)
+    strategy = _Strategy()
+    strategy._save_distributed_checkpoint = True
+    trainer = types.SimpleNamespace(strategy=strategy, global_step=3, current_epoch=0, world_size=1, global_rank=0)
+    target = tmp_path / "epoch=0-step=3.ckpt"
+    synced, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append((threading.current_thread().name, os.readlink(
+        f"/proc/self/fd/{fd}"))), fsync(fd))[1])
+
+    def save(_trainer, path, _weights_only, _options):
+        for name in (".metadata", "__0_0.distcp"):
+            (Path(path) / name).write_bytes(b"shard")
+
+    ckpt_seal.save_checkpoint(save, trainer, target)
+    assert durable.drain(60) and integrity.verify(target).valid
+    assert {name for name, _ in synced} == {"sprite-durable"}, synced
+    assert {str(target / ".metadata"), str(target / "__0_0.distcp"), str(target), str(tmp_path)} <= {
+        path for _, path in synced}

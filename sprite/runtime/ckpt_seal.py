@@ -108,7 +108,8 @@ def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> t
         collective.audit("checkpoint_written", **record)
         return [], [], True
     trail = collective.audit_unsynced("checkpoint_written", **record)  # fsynced with the checkpoint
-    return [str(manifest), *([trail] if trail else [])], [*folders, str(manifest.parent)], True
+    dirs = list(dict.fromkeys([*folders, str(manifest.parent), str(target.parent)]))  # a new folder's entry too
+    return [str(manifest), *([trail] if trail else [])], dirs, True
 
 
 def _swap(fresh: Path, target: Path) -> None:
