@@ -1,9 +1,9 @@
 """Checkpoints of the check: every save goes to a new name and comes out sealed by sprite's runtime.
 
 The ranks run under ``python -m sprite.runtime``, which seals every ``Trainer.save_checkpoint``
-(``sprite.runtime.ckpt_seal``: each rank hashes what it wrote, a single file as it is written, rank 0 seals once
-all confirmed, and the files are fsynced in the background). The check adds only what it needs on top: the name must be new on every rank
-before anyone saves (nothing is overwritten), and the save must verify afterwards. Only rank workers import it.
+(``sprite.runtime.ckpt_seal``: each rank hashes what it wrote, rank 0 seals once all confirmed, and the fsyncs
+run in the background). The check adds only what it needs on top: the name must be new on every rank before
+anyone saves (nothing is overwritten), and the save must verify afterwards. Only rank workers import it.
 """
 
 from __future__ import annotations
