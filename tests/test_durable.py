@@ -214,3 +214,12 @@ def test_a_new_folder_checkpoint_and_its_entry_in_the_parent_are_fsynced_in_the_
     assert {name for name, _ in synced} == {"sprite-durable"}, synced
     assert {str(target / ".metadata"), str(target / "__0_0.distcp"), str(target), str(tmp_path)} <= {
         path for _, path in synced}
+
+
+def test_a_forked_child_does_not_wait_on_its_parents_thread():
+    durable.later(lambda: None)  # the parent's thread exists
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker, say: nothing queued here, so draining returns at once
+        os._exit(0 if durable.drain(5) and durable._thread is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

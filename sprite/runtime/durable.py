@@ -42,6 +42,15 @@ def _serve() -> None:
             _failed.append(f"{type(err).__name__}: {err}")
 
 
+def _forget() -> None:
+    """In a forked child (a DataLoader worker): the parent's thread and queue are not this process's to serve."""
+    global _jobs, _thread
+    _jobs, _thread = queue.Queue(), None
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
 def later(job) -> None:
     """Run ``job()`` on the background thread, after every job queued before it."""
     global _thread
