@@ -223,3 +223,35 @@ def test_a_forked_child_does_not_wait_on_its_parents_thread():
         os._exit(0 if durable.drain(5) and durable._thread is None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_sprites_sharded_writer_replaces_lightnings_and_leaves_the_fsync_to_the_seal(tmp_path, monkeypatch):
+    import warnings
+
+    import torch
+    from lightning.pytorch.strategies import fsdp, model_parallel
+
+    hashed_save.install()
+    assert model_parallel._distributed_checkpoint_save is hashed_save.dcp_save
+    assert fsdp._distributed_checkpoint_save is hashed_save.dcp_save
+    synced, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), fsync(fd))[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        hashed_save.dcp_save({"w": torch.arange(10.0)}, tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [".metadata", "__0_0.distcp"] and not synced
+
+
+def test_the_end_of_a_script_waits_for_the_background_thread(tmp_path):
+    import subprocess
+    import sys
+
+    done = tmp_path / "done"
+    script = tmp_path / "script.py"
+    script.write_text("import time\nfrom sprite.runtime import durable\n"
+                      f"durable.later(lambda: (time.sleep(1), open({str(done)!r}, 'w').write('on disk')))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPRITE_")}
+    run = subprocess.run([sys.executable, "-m", "sprite.runtime", str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert done.read_text() == "on disk"
