@@ -38,20 +38,23 @@ def say(message: str) -> None:
     print(f"sprite: {message}", file=sys.stderr, flush=True)
 
 
+def _trail() -> str | None:
+    run_dir = os.environ.get(contract.RUN_DIR, "").strip()
+    return os.path.join(run_dir, AUDIT_NAME) if run_dir else None
+
+
 def audit(kind: str, **fields) -> None:
     """Append a record to ``$SPRITE_RUN_DIR/audit.jsonl`` when the variable is set (callers: rank 0 only)."""
-    run_dir = os.environ.get(contract.RUN_DIR, "").strip()
-    if run_dir:
-        audit_trail.append(os.path.join(run_dir, AUDIT_NAME), kind, **fields)
+    path = _trail()
+    if path:
+        audit_trail.append(path, kind, **fields)
 
 
 def audit_unsynced(kind: str, **fields) -> str | None:
     """:func:`audit` without the fsync; returns the trail's path for the caller to fsync (None: no trail)."""
-    run_dir = os.environ.get(contract.RUN_DIR, "").strip()
-    if not run_dir:
-        return None
-    path = os.path.join(run_dir, AUDIT_NAME)
-    audit_trail.append_unsynced(path, kind, **fields)
+    path = _trail()
+    if path:
+        audit_trail.append_unsynced(path, kind, **fields)
     return path
 
 

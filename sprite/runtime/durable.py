@@ -4,9 +4,8 @@ A save to a new name returns once its files are written, hashed and sealed and r
 record; the fsync of its files, of its manifest, of the audit trail and of their folders runs on one background
 thread per rank (:func:`saved`). None of it may wait on the training loop's path: on ext4 a small fsync waits for
 a large one in progress (one journal), so a manifest fsynced during the save would wait for the checkpoint's own
-data. If the
-node crashes before the data reached the disk, the checkpoint has no manifest or one that no longer matches its
-files, so ``--resume auto`` skips it. The checkpoint before it is still on disk, because every removal that
+data. If the node crashes before the data reached the disk, the checkpoint has no manifest or one that no longer
+matches its files, so ``--resume auto`` skips it. The checkpoint before it is still on disk, because every removal that
 ModelCheckpoint asks for (``save_top_k``) waits on the same thread (:func:`remove_later`) until this rank's fsyncs
 are done and every rank has counted the newest save as durable in the process group's store. A save that
 replaces a checkpoint of the same name (``last.ckpt``, a folder in use) fsyncs before it replaces, during the
@@ -21,6 +20,8 @@ import queue
 import sys
 import threading
 import time
+
+from sprite.writeonce import fsync_dir, fsync_file
 
 LOCK = threading.Lock()  # held while a name changes: a save putting a checkpoint in place, a removal
 WAIT_ALL_SECONDS = 1800.0  # as long as Lightning's default process-group timeout
@@ -113,29 +114,19 @@ def saved(paths: list, dirs: list = (), sealed: bool = True) -> None:
         _unsealed.add(save)
 
     def job():
-        bad = False
         try:
             for path in paths:
-                _fsync(path, 0)
+                fsync_file(path)
             for path in dirs:
-                _fsync(path, os.O_DIRECTORY)
+                fsync_dir(path)
         except Exception:
-            bad = True
+            if store is not None:
+                store.add(_key(save) + "/failed", 1)
             raise
         finally:
             if store is not None:
-                if bad:
-                    store.add(_key(save) + "/failed", 1)
                 store.add(_key(save), 1)
     later(job)
-
-
-def _fsync(path, flags: int) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _identity(path) -> tuple | None:
@@ -160,9 +151,8 @@ def remove_later(path, remove) -> None:
     """Call ``remove()`` (which removes ``path``) in the background once the newest save is durable on every rank.
 
     Nothing is removed when a fsync failed, when the newest save was not sealed, when a rank never confirmed, or
-    when ``path`` is no longer the file
-    or folder it was when the removal was asked for (saved again under the same name since): the older checkpoint
-    stays, and sprite says so."""
+    when ``path`` is no longer the file or folder it was when the removal was asked for (saved again under the
+    same name since): the older checkpoint stays, and sprite says so (but not for a name saved again)."""
     save, (store, world), identity = _saves, _store(), _identity(path)
 
     def job():
