@@ -305,6 +305,8 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    if args.dcp_threads < 0 or args.repeats < 1 or args.devices < 1:
+        parser.error("--dcp-threads must be 0 (sprite's choice) or more, --repeats and --devices 1 or more")
     if args.worker:
         worker(args)
         return 0

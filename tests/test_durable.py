@@ -255,3 +255,34 @@ def test_the_end_of_a_script_waits_for_the_background_thread(tmp_path):
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert done.read_text() == "on disk"
+
+
+def test_a_rank_whose_fsync_failed_tells_the_others_through_the_store(tmp_path, monkeypatch, capfd):
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    monkeypatch.setattr(durable, "_store", lambda: (store, 2))
+    monkeypatch.setattr(durable, "_failed", [])
+    durable.saved([str(tmp_path / "missing.distcp")])  # this rank's fsync fails: the file is not there
+    assert durable.drain(60)
+    save = durable._saves
+    assert store.add(durable._key(save), 0) == 1 and store.add(durable._key(save) + "/failed", 0) == 1
+    monkeypatch.setattr(durable, "_failed", [])  # another rank's view: its own fsyncs went well
+    store.add(durable._key(save), 1)
+    old = tmp_path / "old.ckpt"
+    old.write_bytes(b"old")
+    durable.remove_later(old, lambda: os.unlink(old))
+    assert durable.drain(60) and old.exists()
+    assert "not every rank confirmed that the newer checkpoint is on disk" in capfd.readouterr().err
+
+
+def test_the_checkpoint_benchmark_refuses_a_negative_thread_count_in_one_line():
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "checkpoint_io.py"
+    run = subprocess.run([sys.executable, str(script), "--dcp-threads", "-1"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.splitlines()[-1] == ("checkpoint_io.py: error: --dcp-threads must be 0 (sprite's choice) or"
+                                           " more, --repeats and --devices 1 or more")
