@@ -12,7 +12,8 @@ what it read into the state's own tensors (a resume is not done before the model
 Two formats:
 - sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save: fsync left
   to the seal; --dcp-threads sets its writer threads per rank); load = the ranks verify the folder together,
-  then every rank dcp.load. Baseline:
+  then every rank loads it with sprite's reader (sprite.runtime.dcp_read.load, which sprite's runtime gives
+  Lightning in place of dcp.load). Both hold off Python's cycle collector (collective.paused_gc). Baseline:
   each rank torch.save / torch.load of its own local shards, one file per rank.
 - full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save into a temporary
   name, a pool of threads hashes each 64 MiB piece, rename), then sealed; load = verify, then torch.load with
@@ -169,7 +170,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from sprite.runtime import shared_verify
+    from sprite.runtime import dcp_read, shared_verify
     from sprite.runtime.hashed_save import dcp_save
 
     folder, plain, bare = root / f"dcp{repeat}", root / f"plain{repeat}", root / f"bare{repeat}"
@@ -192,7 +193,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
 
     def sprite_load():  # as `sprite run --resume` does: every rank hashes its share, then every rank loads
         assert shared_verify.verify(shared_verify.DefaultGroup(), folder).valid, "the sealed folder does not verify"
-        dcp.load(state, checkpoint_id=folder)
+        dcp_read.load(state, folder)
 
     def plain_load():  # into the model's own local shards, as dcp.load does
         _into(local, torch.load(plain / f"rank{rank}.pt", weights_only=True))

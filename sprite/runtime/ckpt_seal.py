@@ -55,7 +55,7 @@ def _mine(written: Path, rank: int, world: int) -> list[str]:
 def _describe_mine(written: Path, rank: int, world: int, sync: bool = True) -> tuple[bool, object, list]:
     """(True, {relpath: {size, sha256}}, paths) or (False, the reason, []) for this rank's files, fsynced now when
     ``sync``, else named in ``paths`` for a background fsync. A file this process wrote and hashed itself
-    (hashed_save, which also saw to its fsync) is neither read nor fsynced again."""
+    (hashed_save) is not read again, nor fsynced again when its write saw to that."""
     try:
         root = written if written.is_dir() else written.parent
         names = _mine(written, rank, world)
@@ -63,7 +63,8 @@ def _describe_mine(written: Path, rank: int, world: int, sync: bool = True) -> t
         unknown = [name for name in names if not known[name]]
         files = integrity.describe(root, unknown)
         files.update({name: entry for name, entry in known.items() if entry})
-        paths = [str(root / name) for name in unknown]
+        paths = [str(root / name) for name in names
+                 if not known[name] or not hashed_save.fsync_seen_to(root / name)]
         if sync:
             for path in paths:
                 integrity.fsync_file(path)
@@ -174,11 +175,14 @@ def remove_checkpoint(original, callback, trainer, filepath) -> None:
 
 
 def install() -> None:
-    """Wrap ``Trainer.save_checkpoint`` and ``ModelCheckpoint._remove_checkpoint``, and hash single-file saves
-    while they are written (idempotent)."""
+    """Wrap ``Trainer.save_checkpoint`` and ``ModelCheckpoint._remove_checkpoint``, hash single-file saves
+    while they are written, and read sharded checkpoints with sprite's reader (idempotent)."""
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     collective.wrap(Trainer, "save_checkpoint", save_checkpoint)
     collective.wrap(ModelCheckpoint, "_remove_checkpoint", remove_checkpoint)
+    from sprite.runtime import dcp_read  # imports torch
+
     hashed_save.install()
+    dcp_read.install()

@@ -12,17 +12,20 @@ Lightning's own write.
 Sharded folder: Lightning's ``torch.distributed.checkpoint.save`` (fabric/strategies/fsdp.py:860, imported by
 pytorch/strategies/model_parallel.py and fsdp.py) infers a ``FileSystemWriter`` that writes each rank's shards on
 one thread and fsyncs every file. sprite's writer leaves the fsync to ``sprite.runtime.ckpt_seal``, which does it
-in the background for a new folder.
+in the background for a new folder, and hashes each shard file's 64 MiB pieces while the file is still being
+written (``sprite.digest.Growing``), so the seal reads none of them again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from pathlib import Path
 
 from sprite import digest
 from sprite.runtime import durable
+from sprite.runtime.collective import paused_gc
 from sprite.writeonce import created
 
 # FileSystemWriter threads per rank, each writing its own __<rank>_<i>.distcp file. 1: with the state on GPUs, 4
@@ -30,8 +33,9 @@ from sprite.writeonce import created
 # filesystem.py warns (more threads give up its overlapping device-to-host copies).
 DCP_THREADS = 1
 
-# realpath -> (size, mtime_ns, inode, sprite.digest entry) of files this process wrote and hashed in one pass
-_WRITTEN: dict[str, tuple[int, int, int, dict]] = {}
+# realpath -> (size, mtime_ns, inode, sprite.digest entry, whether its fsync is seen to) of files this process
+# wrote and hashed in one pass
+_WRITTEN: dict[str, tuple[int, int, int, dict, bool]] = {}
 
 
 def atomic_save(checkpoint: dict, filepath) -> None:
@@ -50,7 +54,7 @@ def atomic_save(checkpoint: dict, filepath) -> None:
     replacing, keep = os.path.lexists(target), None
     try:
         with created(temp, mode=None, readable=True, sync=False) as fd:
-            with os.fdopen(os.dup(fd), "wb") as out:  # the same writer torch.save uses for any file object
+            with os.fdopen(os.dup(fd), "wb") as out, paused_gc():  # torch.save's writer for any file object
                 torch.save(checkpoint, out)
             entry = digest.open_file(fd, beside=(lambda: os.fsync(fd)) if replacing else None)
             keep = None if replacing else os.dup(fd)
@@ -65,13 +69,15 @@ def atomic_save(checkpoint: dict, filepath) -> None:
             os.unlink(temp)
     if keep is not None:
         durable.fsync_later(keep)
-    info = os.stat(target, follow_symlinks=False)
-    _WRITTEN[os.path.realpath(target)] = (info.st_size, info.st_mtime_ns, info.st_ino, entry)
+    _remember(target, entry, fsync_seen_to=True)
 
 
-def known_entry(path) -> dict | None:
-    """The manifest entry (``sprite.digest``) this process computed while writing ``path``, if the file is still
-    exactly that file."""
+def _remember(path, entry: dict, fsync_seen_to: bool) -> None:
+    info = os.stat(path, follow_symlinks=False)
+    _WRITTEN[os.path.realpath(path)] = (info.st_size, info.st_mtime_ns, info.st_ino, entry, fsync_seen_to)
+
+
+def _known(path) -> tuple | None:
     entry = _WRITTEN.get(os.path.realpath(path))
     try:
         info = os.stat(path, follow_symlinks=False)
@@ -79,7 +85,20 @@ def known_entry(path) -> dict | None:
         return None
     if entry is None or entry[:3] != (info.st_size, info.st_mtime_ns, info.st_ino):
         return None
-    return entry[3]
+    return entry
+
+
+def known_entry(path) -> dict | None:
+    """The manifest entry (``sprite.digest``) this process computed while writing ``path``, if the file is still
+    exactly that file."""
+    entry = _known(path)
+    return entry[3] if entry else None
+
+
+def fsync_seen_to(path) -> bool:
+    """Whether the write of ``path`` (one :func:`known_entry` knows) also fsynced it or queued its fsync."""
+    entry = _known(path)
+    return bool(entry and entry[4])
 
 
 def _lightning_atomic_save(checkpoint, filepath) -> None:
@@ -88,12 +107,88 @@ def _lightning_atomic_save(checkpoint, filepath) -> None:
     _atomic_save(checkpoint, filepath)
 
 
+class _HashedStream:
+    """A shard file while torch's writer writes it: every write goes to the file, and each time another
+    ``digest.CHUNK`` bytes are in, they are flushed and handed to the file's hasher. A seek (torch's writer makes
+    none) leaves the file to be hashed whole by the seal."""
+
+    def __init__(self, stream, path):
+        # the hasher reads through a read-only descriptor of the same file (torch opens it write-only)
+        self._reader = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        mine, written = os.fstat(self._reader), os.fstat(stream.fileno())
+        self._stream, self.growing = stream, digest.Growing(self._reader)
+        self.end, self.entry = 0, None
+        self.moved = (mine.st_dev, mine.st_ino) != (written.st_dev, written.st_ino)  # not the file written
+
+    def write(self, data) -> int:
+        count = self._stream.write(data)
+        self.end += count
+        if not self.moved and self.end - self.growing.hashed >= digest.CHUNK:
+            self._stream.flush()
+            self.growing.written(self.end)
+        return count
+
+    def seek(self, *args):
+        self.moved = True
+        return self._stream.seek(*args)
+
+    def close(self) -> None:
+        """Finish the hash while the file is still open (torch's writer closes the file itself), then close."""
+        try:
+            if not self._stream.closed:
+                self._stream.flush()
+                self.entry = None if self.moved else _entry_or_none(self.growing)
+        finally:
+            self.growing.close()
+            if self._reader is not None:
+                os.close(self._reader)
+                self._reader = None
+            self._stream.close()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _hashing_file_system():
+    """torch's local FileSystem, except that the shard files (``*.distcp``) it creates are hashed as they are
+    written and remembered for the seal (fsync not seen to: the seal does it)."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class HashingFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):
+            if mode != "wb" or not os.fspath(path).endswith(".distcp"):
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with super().create_stream(path, mode) as stream:
+                hashed = _HashedStream(stream, path)
+                try:
+                    yield hashed
+                finally:
+                    hashed.close()
+            if hashed.entry is not None:
+                _remember(path, hashed.entry, fsync_seen_to=False)
+
+    return HashingFileSystem()
+
+
+def _entry_or_none(growing) -> dict | None:
+    try:
+        return growing.entry()
+    except OSError:  # the seal hashes the file itself and reports what it finds
+        return None
+
+
 def dcp_save(converted_state: dict, path) -> None:
-    """Lightning's ``_distributed_checkpoint_save`` with sprite's writer: no fsync (the seal sees to it). Every rank
-    calls it, as Lightning does."""
+    """Lightning's ``_distributed_checkpoint_save`` with sprite's writer: no fsync (the seal sees to it), shard
+    files hashed while they are written. Every rank calls it, as Lightning does."""
     from torch.distributed.checkpoint import FileSystemWriter, save
 
-    save(converted_state, storage_writer=FileSystemWriter(path, sync_files=False, thread_count=DCP_THREADS))
+    writer = FileSystemWriter(path, sync_files=False, thread_count=DCP_THREADS)
+    writer.fs = _hashing_file_system()
+    with paused_gc():
+        save(converted_state, storage_writer=writer)
 
 
 def install() -> None:
