@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 
 import pytest
@@ -46,7 +47,10 @@ def test_shell_completion(sprite_cmd):
     env = {**os.environ, "_SPRITE_COMPLETE": "complete_bash", "COMP_WORDS": "sprite par", "COMP_CWORD": "1"}
     done = subprocess.run(sprite_cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["parity"], done.stdout + done.stderr
-    script = subprocess.run([*sprite_cmd, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    # typer finds the shell among the command's parent processes: run it from bash (not exec'd: "; exit"), so the
+    # test does not depend on how pytest itself was started
+    line = " ".join(shlex.quote(part) for part in [*sprite_cmd, "--show-completion", "bash"]) + "; exit $?"
+    script = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
     assert script.returncode == 0 and "_SPRITE_COMPLETE=complete_bash" in script.stdout
 
 
