@@ -249,6 +249,19 @@ def test_install_gives_lightning_sprites_load():
     assert fsdp._distributed_checkpoint_load is dcp_read.load
 
 
+def test_each_rank_plans_its_own_read(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as checkpoint
+
+    _save({"w": torch.arange(4.0)}, tmp_path)
+    calls = []
+    real = checkpoint.load
+    monkeypatch.setattr(checkpoint, "load", lambda *args, **kwargs: (calls.append(kwargs), real(*args, **kwargs))[1])
+    state = {"w": torch.zeros(4)}
+    dcp_read.load(state, tmp_path)
+    assert [call.get("no_dist") for call in calls] == [True] and isinstance(calls[0]["storage_reader"], dcp_read.Reader)
+    assert torch.equal(state["w"], torch.arange(4.0))
+
+
 def _rank(rank: int, world: int, port: int, folder: str, out: str) -> None:
     import torch.distributed as dist
 
