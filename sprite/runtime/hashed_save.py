@@ -113,11 +113,14 @@ class _HashedStream:
     none) leaves the file to be hashed whole by the seal."""
 
     def __init__(self, stream, path):
-        # the hasher reads through a read-only descriptor of the same file (torch opens it write-only)
-        self._reader = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._stream, self.end, self.entry, self.growing = stream, 0, None, None
+        try:  # the hasher reads through a read-only descriptor of the same file (torch opens it write-only)
+            self._reader = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # not readable: the seal hashes the file after it is written (and says why if it cannot)
+            self._reader, self.moved = None, True
+            return
         mine, written = os.fstat(self._reader), os.fstat(stream.fileno())
-        self._stream, self.growing = stream, digest.Growing(self._reader)
-        self.end, self.entry = 0, None
+        self.growing = digest.Growing(self._reader)
         self.moved = (mine.st_dev, mine.st_ino) != (written.st_dev, written.st_ino)  # not the file written
 
     def write(self, data) -> int:
@@ -139,7 +142,8 @@ class _HashedStream:
                 self._stream.flush()
                 self.entry = None if self.moved else _entry_or_none(self.growing)
         finally:
-            self.growing.close()
+            if self.growing is not None:
+                self.growing.close()
             if self._reader is not None:
                 os.close(self._reader)
                 self._reader = None
