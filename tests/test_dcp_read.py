@@ -184,6 +184,36 @@ def test_a_stored_pickle_that_calls_anything_else_is_refused(tmp_path):
     assert "Unsupported global" in str(ours.value) and "Unsupported global" in str(stock.value)
 
 
+def test_a_stored_value_that_calls_anything_else_is_refused_where_torch_runs_it(tmp_path):
+    first, second = tmp_path / "ran-under-torch", tmp_path / "ran-under-sprite"
+    for marker, folder in ((first, tmp_path / "a"), (second, tmp_path / "b")):
+        _save({"w": torch.randn(2), "extra": {"x": _Touch(str(marker))}}, folder)
+    _load({"w": torch.zeros(2), "extra": {"x": None}}, tmp_path / "a")  # torch's planner: weights_only=False
+    assert first.exists()
+    with pytest.raises(BaseException) as refused:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp_read.load({"w": torch.zeros(2), "extra": {"x": None}}, tmp_path / "b")
+    assert not second.exists() and "Unsupported global" in str(refused.value)
+
+
+def test_plain_stored_values_load_as_before(tmp_path):
+    values = {"lr": 0.25, "betas": (0.9, 0.999), "name": "adamw", "none": None, "flags": [True, False],
+              "step": torch.tensor(7.0), "nested": {"eps": 1e-8}}
+    _save({"w": torch.arange(3.0), "group": values}, tmp_path)
+    state = {"w": torch.zeros(3), "group": {key: type(value)() if not isinstance(value, torch.Tensor) else
+                                            torch.zeros(()) for key, value in values.items()}}
+    state["group"]["nested"] = {"eps": 0.0}
+    state["group"]["none"] = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_read.load(state, tmp_path)
+    assert torch.equal(state["w"], torch.arange(3.0))
+    assert {key: value for key, value in state["group"].items() if key != "step"} == \
+        {key: value for key, value in values.items() if key != "step"}
+    assert torch.equal(state["group"]["step"], values["step"])
+
+
 def test_a_damaged_stored_zip_fails_as_it_fails_torchs_reader(tmp_path):
     folder = tmp_path / "ckpt"
     _save({"w": torch.randn(64)}, folder)

@@ -13,7 +13,8 @@ copy into the model; each tensor from those bytes: the item's zip (the ``torch.s
 and the stored bytes are copied into the model's tensor. An item it does not read so (a transform, another
 layout, another byte order, any name but those, a damaged zip) is read as torch's reader reads it, by
 ``torch.load(weights_only=True)``, which refuses what it always refused. :func:`load` plans each rank's read on
-that rank (torch's default load planner coordinates none) and agrees on the outcome in one gather.
+that rank (torch's default load planner coordinates none), agrees on the outcome in one gather, and lets a
+stored non-tensor value through only if the weights-only unpickler accepts it.
 """
 
 from __future__ import annotations
@@ -275,8 +276,26 @@ def _commit(planner, request, tensor: torch.Tensor) -> None:
     planner.commit_tensor(request, target)
 
 
+def _weights_only_planner():
+    """torch's DefaultLoadPlanner, except that a stored non-tensor value (an optimizer's param_groups, say) must
+    pass ``torch.load(weights_only=True)`` before torch's own ``load_bytes`` unpickles it: that one uses
+    ``weights_only=False`` (default_planner.py, ``load_bytes``), so a crafted checkpoint could run code through
+    it. What passes holds only what the weights-only unpickler allows, so torch's second reading builds the same
+    objects."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class WeightsOnlyPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            data = value.read()
+            torch.load(io.BytesIO(data), weights_only=True)  # raises pickle.UnpicklingError for anything else
+            super().load_bytes(read_item, io.BytesIO(data))
+
+    return WeightsOnlyPlanner()
+
+
 def load(state: dict, path) -> None:
-    """Lightning's ``_distributed_checkpoint_load`` with :class:`Reader`. Every rank calls it, as Lightning does.
+    """Lightning's ``_distributed_checkpoint_load`` with :class:`Reader` and :func:`_weights_only_planner`. Every
+    rank calls it, as Lightning does.
 
     torch's default load planner plans no read across ranks (default_planner.py,
     ``create_default_global_load_plan`` returns the ranks' own plans), yet ``dcp.load`` gathers every rank's plan
@@ -295,7 +314,7 @@ def load(state: dict, path) -> None:
     error: BaseException | None = None
     try:
         with collective.paused_gc():
-            dcp_load(state, storage_reader=Reader(path), no_dist=True)
+            dcp_load(state, storage_reader=Reader(path), planner=_weights_only_planner(), no_dist=True)
     except (Exception, CheckpointException) as failure:  # noqa: BLE001 - told to the other ranks, then raised
         error = failure
     failed = [(rank, text) for rank, text in enumerate(collective.gather(None if error is None else
