@@ -226,9 +226,23 @@ def test_a_damaged_stored_zip_fails_as_it_fails_torchs_reader(tmp_path):
 
 
 def test_the_records_of_another_zip_are_left_to_torch():
+    import io
+    import zipfile
+
     raw = memoryview(bytearray(b"PK\x05\x06" + b"\x00" * 16 + b"\x05\x00" + b"hello"))  # a comment after the end
     with pytest.raises(dcp_read._Unknown):
         dcp_read._records(raw)
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", b"x" * 1000)  # compressed: its bytes are not the record
+        archive.writestr("archive/pad", b"y" * 5000, compress_type=zipfile.ZIP_STORED)
+    with pytest.raises(dcp_read._Unknown):
+        dcp_read._records(memoryview(bytearray(packed.getvalue())))
+    stored = io.BytesIO()
+    with zipfile.ZipFile(stored, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", b"x" * 1000)
+    where, length = dcp_read._records(memoryview(bytearray(stored.getvalue())))["data.pkl"]
+    assert stored.getvalue()[where:where + length] == b"x" * 1000
 
 
 def test_paused_gc_restores_the_collectors_state():
