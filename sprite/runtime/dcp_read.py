@@ -30,8 +30,8 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.planner import LoadItemType
 
-# Bytes read in one call at most, into one buffer reused call after call (a longer item is read whole, as
-# torch's reader would). A new buffer for every call was slower: each first touch of its pages faults.
+# Bytes read in one call at most, into buffers reused call after call, so that their pages are faulted in once
+# (a longer item is read whole into a buffer of its own, as torch's reader would).
 SPAN_BYTES = 64 << 20
 # Threads that read ahead of the copy into the model, each into its own SPAN_BYTES buffer
 READ_THREADS = 2
@@ -43,8 +43,7 @@ class _Unknown(Exception):
     """The item is not a plain tensor in torch.save's format: read it as torch's reader does."""
 
 
-class _Storage(collections.namedtuple("_Storage", "dtype key numel")):
-    pass
+_Storage = collections.namedtuple("_Storage", "dtype key numel")
 
 
 class _StorageType:
@@ -123,12 +122,12 @@ class _Stored(collections.namedtuple("_Stored", "data dtype offset size stride")
             if n != 1 and step != expect:
                 return False
             expect *= n
-        return self.offset == 0 and expect * torch.empty((), dtype=self.dtype).element_size() == self.data.numel()
+        return self.offset == 0 and expect * self.dtype.itemsize == self.data.numel()
 
     def tensor(self) -> torch.Tensor:
         """The tensor, a view of the buffer where its bytes are aligned for the dtype, else of a copy of them."""
         data = self.data
-        if data.data_ptr() % torch.empty((), dtype=self.dtype).element_size():
+        if data.data_ptr() % self.dtype.itemsize:
             data = data.clone()
         flat = data.view(self.dtype)
         return flat.as_strided(self.size, self.stride, flat.storage_offset() + self.offset)
@@ -152,7 +151,7 @@ def _stored(span: torch.Tensor, start: int, length: int) -> _Stored:
         raise _Unknown("data.pkl")
     storage, offset, size, stride = found
     where, nbytes = records.get(f"data/{storage.key}", (0, -1))
-    if nbytes != storage.numel * torch.empty((), dtype=storage.dtype).element_size():
+    if nbytes != storage.numel * storage.dtype.itemsize:
         raise _Unknown("storage size")
     if len(size) != len(stride) or min(stride, default=0) < 0 or min(size, default=0) < 0 or offset < 0:
         raise _Unknown("shape")
