@@ -10,8 +10,8 @@ fsync the new files on a background thread, so a save is timed twice: until it r
 does (sprite.runtime.shared_verify: every rank hashes its share of the files), then load. Every load also copies
 what it read into the state's own tensors (a resume is not done before the model holds it), for all sides alike.
 Two formats:
-- sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save: fsync left
-  to the seal; --dcp-threads sets its writer threads per rank); load = the ranks verify the folder together,
+- sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save with
+  sprite.runtime.dcp_write: no torch.save per tensor, fsync left to the seal); load = the ranks verify the folder together,
   then every rank loads it with sprite's reader (sprite.runtime.dcp_read.load, which sprite's runtime gives
   Lightning in place of dcp.load). Both hold off Python's cycle collector (collective.paused_gc). Baseline:
   each rank torch.save / torch.load of its own local shards, one file per rank.
@@ -26,6 +26,9 @@ sprite's: the same save and load without sprite (Lightning's own dcp.save / dcp.
 fsyncs every file by default, or its single-file write, which does not, then its mmap load), no manifest. Loads
 are timed twice: from the page cache the save just filled, and cold (each load's files dropped from the page
 cache first), as a resume on a fresh node reads them.
+
+After the timings, torch's own reader loads sprite's last sharded folder into a blank copy of the state, which
+must equal the state saved (the run fails otherwise).
 
     python benchmarks/checkpoint_io.py [--model qwen2.5-0.5b-shape] [--devices 2] [--accelerator auto] [--repeats 3]
 """
@@ -213,6 +216,54 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
             "sprite_bytes": _folder_bytes(folder) if rank == 0 else 0}
 
 
+def _check(root: pathlib.Path, state: dict, repeat: int) -> bool:
+    """Whether torch's own reader (dcp.load, FileSystemReader) loads sprite's sharded folder of ``repeat`` into a
+    blank copy of ``state`` equal to ``state``, on every rank."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    blank = _zeros(state)  # new containers too, so that nothing of ``state`` itself is loaded into
+    dcp.load(blank, checkpoint_id=root / f"dcp{repeat}")
+    same = torch.tensor([float(_equal(blank, state))], device=_device(state))
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    return bool(same.item())
+
+
+def _zeros(state):
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return torch.zeros_like(state)
+    if isinstance(state, dict):
+        return {key: _zeros(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [_zeros(value) for value in state]
+    return state
+
+
+def _equal(got, want) -> bool:
+    import torch
+
+    if isinstance(want, torch.Tensor):
+        local = lambda tensor: tensor.to_local() if hasattr(tensor, "to_local") else tensor  # noqa: E731
+        return torch.equal(local(got), local(want))
+    if isinstance(want, dict):
+        return set(got) == set(want) and all(_equal(got[key], want[key]) for key in want)
+    if isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(_equal(a, b) for a, b in zip(got, want))
+    return got == want
+
+
+def _device(state):
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.device
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, (list, tuple)) else []
+    return next((found for found in map(_device, values) if found is not None), None)
+
+
 def _flat(optim: dict) -> dict:
     """An optimizer state dict's tensors as one flat name -> tensor mapping."""
     return {f"{name}/{key}": value for name, entry in optim["state"].items() for key, value in entry.items()}
@@ -272,10 +323,6 @@ def worker(args) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    from sprite.runtime import hashed_save
-
-    if args.dcp_threads:
-        hashed_save.DCP_THREADS = args.dcp_threads
     model, optimizer, get_model, get_optim = _state(args.model, args.accelerator)
     rank = dist.get_rank()
     sharded = {"model": get_model(model), "optim": get_optim(model, optimizer)}
@@ -287,11 +334,12 @@ def worker(args) -> None:
     for repeat in range(args.repeats):
         runs["sharded"].append(_sharded(root, sharded, rank, repeat))
         runs["full state"].append(_full(root, full, rank, repeat))
+    loads_equal = _check(root, sharded, args.repeats - 1)  # every rank
     if rank == 0:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
                    for fmt, rows in runs.items()}
         print("RESULT " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians,
-                                      "dcp_threads": hashed_save.DCP_THREADS}))
+                                      "torch_reads_sprites_folder": loads_equal}))
     dist.destroy_process_group()
 
 
@@ -301,13 +349,11 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dcp-threads", type=int, default=0,
-                        help="writer threads per rank for sprite's sharded save (default: sprite's own choice)")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    if args.dcp_threads < 0 or args.repeats < 1 or args.devices < 1:
-        parser.error("--dcp-threads must be 0 (sprite's choice) or more, --repeats and --devices 1 or more")
+    if args.repeats < 1 or args.devices < 1:
+        parser.error("--repeats and --devices must be 1 or more")
     if args.worker:
         worker(args)
         return 0
@@ -320,7 +366,7 @@ def main() -> int:
         flags = {"script": os.path.abspath(__file__), "devices": args.devices, "strategy": "fsdp",
                  "accelerator": args.accelerator, "env": {"HF_HUB_OFFLINE": "1"},
                  "args": ["--worker", "--out", tmp, "--model", args.model, "--accelerator", args.accelerator,
-                          "--repeats", str(args.repeats), "--dcp-threads", str(args.dcp_threads)]}
+                          "--repeats", str(args.repeats)]}
         plan = plan_run(flags)
         run = subprocess.run([resolve_program(plan), *plan.argv[1:]], env={**os.environ, **plan.env},
                              capture_output=True, text=True)
@@ -329,8 +375,8 @@ def main() -> int:
         print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
         return 1
     result = json.loads(line.split("RESULT ", 1)[1])
-    print(f"model {result['model']}, {result['world']} ranks, medians of {args.repeats}, sharded writer threads"
-          f" {result['dcp_threads']}; sprite = write once,"
+    print(f"model {result['model']}, {result['world']} ranks, medians of {args.repeats}; torch's reader loads"
+          f" sprite's sharded folder equal: {result['torch_reads_sprites_folder']}; sprite = write once,"
           " SHA-256 manifest, fsync in the background / verify before load; loads include the copy into the state")
     for fmt, m in result["medians"].items():
         durable = m["sprite_save"] + m["sprite_durable"]

@@ -154,7 +154,7 @@ def test_fsdp_sharded_saves_are_sealed_folders_listing_every_ranks_shards(fsdp):
     for name in fsdp["a_dir"]:
         verdict = integrity.verify(fsdp["ck"] / name)
         assert verdict.valid, verdict.reason
-        shards = {f"__{rank}_{i}.distcp" for rank in (0, 1) for i in range(hashed_save.DCP_THREADS)}
+        shards = {f"__{rank}_{i}.distcp" for rank in (0, 1) for i in range(1)}
         assert {".metadata", "meta.pt", *shards} == set(verdict.manifest["files"])
         meta = verdict.manifest["meta"]
         assert (meta["format"], meta["strategy"], meta["world_size"]) == ("dcp", "fsdp", 2)

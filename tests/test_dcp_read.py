@@ -276,7 +276,7 @@ def test_checkpoint_writes_and_reads_run_without_the_cycle_collector(tmp_path, m
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp_read.load({"w": torch.zeros(3)}, tmp_path / "folder")
-    assert seen and not any(seen)  # one file save, each tensor of the sharded save, the read
+    assert seen and not any(seen)  # the file save, the sharded save (its writer's sample archive), the read
     assert gc.isenabled()
 
 
@@ -335,58 +335,3 @@ def test_a_rank_that_fails_to_load_fails_every_rank(tmp_path):
     first, second = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2))
     assert second[0] != "loaded" and "missing" in second[1]
     assert first[0] == "RuntimeError" and first[1].startswith("rank 1 could not load the sharded checkpoint")
-
-
-def test_shard_files_are_hashed_while_written_and_not_read_again_by_the_seal(tmp_path, monkeypatch):
-    from sprite import digest, integrity
-    from sprite.runtime import ckpt_seal, hashed_save
-
-    monkeypatch.setattr(digest, "CHUNK", 4096)  # many pieces in a small file
-    during = []
-    real_written = digest.Growing.written
-    monkeypatch.setattr(digest.Growing, "written", lambda self, size: (during.append(size),
-                                                                       real_written(self, size))[1])
-    folder = tmp_path / "ckpt"
-    hashed_save.dcp_save({"w": torch.randn(20000), "b": torch.randn(3000)}, folder)
-    shards = sorted(path.name for path in folder.glob("*.distcp"))
-    assert len(shards) == 1 and during  # pieces handed to the hasher while the file was being written:
-    assert max(during) > (folder / shards[0]).stat().st_size // 2  # most of it, before it was closed
-    for name in shards:
-        assert hashed_save.known_entry(folder / name) == digest.files([folder / name])[0]
-        assert not hashed_save.fsync_seen_to(folder / name)  # the seal fsyncs them
-    described = []
-    real_describe = integrity.describe
-    monkeypatch.setattr(integrity, "describe", lambda root, names: (described.extend(names),
-                                                                    real_describe(root, names))[1])
-    ok, files, later = ckpt_seal._describe_mine(folder, 0, 1, sync=False)
-    assert ok and not set(described) & set(shards)  # not read again
-    assert {Path(path).name for path in later} >= set(shards)  # but fsynced in the background
-    assert all(files[name] == digest.files([folder / name])[0] for name in shards)
-
-
-def test_a_shard_file_that_cannot_be_read_back_is_left_to_the_seal(tmp_path, monkeypatch):
-    from sprite.runtime import hashed_save
-
-    real_open = os.open
-    monkeypatch.setattr(os, "open", lambda path, flags, *rest: (_ for _ in ()).throw(PermissionError(13, "denied"))
-                        if flags & os.O_ACCMODE == os.O_RDONLY and str(path).endswith(".distcp")
-                        else real_open(path, flags, *rest))
-    saved = torch.randn(100)
-    hashed_save.dcp_save({"w": saved}, tmp_path / "ckpt")
-    monkeypatch.setattr(os, "open", real_open)
-    shard = next((tmp_path / "ckpt").glob("*.distcp"))
-    assert hashed_save.known_entry(shard) is None  # not described by the save; the seal reads it
-    assert torch.equal(_load({"w": torch.zeros(100)}, tmp_path / "ckpt")["w"], saved)  # saved all the same
-
-
-def test_a_shard_file_written_out_of_order_is_left_to_the_seal(tmp_path, monkeypatch):
-    from sprite import digest
-    from sprite.runtime import hashed_save
-
-    monkeypatch.setattr(digest, "CHUNK", 16)  # the first pieces are hashed before the seek
-    path = tmp_path / "__0_0.distcp"
-    with hashed_save._hashing_file_system().create_stream(path, "wb") as stream:
-        stream.write(b"x" * 100)
-        stream.seek(10)
-        stream.write(b"y")
-    assert hashed_save.known_entry(path) is None

@@ -11,14 +11,14 @@ Lightning's own write.
 
 Sharded folder: Lightning's ``torch.distributed.checkpoint.save`` (fabric/strategies/fsdp.py:860, imported by
 pytorch/strategies/model_parallel.py and fsdp.py) infers a ``FileSystemWriter`` that writes each rank's shards on
-one thread and fsyncs every file. sprite's writer leaves the fsync to ``sprite.runtime.ckpt_seal``, which does it
-in the background for a new folder, and hashes each shard file's 64 MiB pieces while the file is still being
-written (``sprite.digest.Growing``), so the seal reads none of them again.
+one thread and fsyncs every file. sprite's writer (``sprite.runtime.dcp_write``) writes each rank's one shard file
+without a ``torch.save`` per tensor, hashes its 64 MiB pieces while the file is still being written
+(``sprite.digest.Growing``), so the seal reads none of them again, and leaves the fsync to
+``sprite.runtime.ckpt_seal``, which does it in the background for a new folder.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 from pathlib import Path
@@ -27,11 +27,6 @@ from sprite import digest
 from sprite.runtime import durable
 from sprite.runtime.collective import paused_gc
 from sprite.writeonce import created
-
-# FileSystemWriter threads per rank, each writing its own __<rank>_<i>.distcp file. 1: with the state on GPUs, 4
-# threads saved more slowly on a 2-H200 host (2.28 s vs 1.83 s, docs/runs/h200x2-2026-11-30-d), as torch's own
-# filesystem.py warns (more threads give up its overlapping device-to-host copies).
-DCP_THREADS = 1
 
 # realpath -> (size, mtime_ns, inode, sprite.digest entry, whether its fsync is seen to) of files this process
 # wrote and hashed in one pass
@@ -107,92 +102,19 @@ def _lightning_atomic_save(checkpoint, filepath) -> None:
     _atomic_save(checkpoint, filepath)
 
 
-class _HashedStream:
-    """A shard file while torch's writer writes it: every write goes to the file, and each time another
-    ``digest.CHUNK`` bytes are in, they are flushed and handed to the file's hasher. A seek (torch's writer makes
-    none) leaves the file to be hashed whole by the seal."""
-
-    def __init__(self, stream, path):
-        self._stream, self.end, self.entry, self.growing = stream, 0, None, None
-        try:  # the hasher reads through a read-only descriptor of the same file (torch opens it write-only)
-            self._reader = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:  # not readable: the seal hashes the file after it is written (and says why if it cannot)
-            self._reader, self.moved = None, True
-            return
-        mine, written = os.fstat(self._reader), os.fstat(stream.fileno())
-        self.growing = digest.Growing(self._reader)
-        self.moved = (mine.st_dev, mine.st_ino) != (written.st_dev, written.st_ino)  # not the file written
-
-    def write(self, data) -> int:
-        count = self._stream.write(data)
-        self.end += count
-        if not self.moved and self.end - self.growing.hashed >= digest.CHUNK:
-            self._stream.flush()
-            self.growing.written(self.end)
-        return count
-
-    def seek(self, *args):
-        self.moved = True
-        return self._stream.seek(*args)
-
-    def close(self) -> None:
-        """Finish the hash while the file is still open (torch's writer closes the file itself), then close."""
-        try:
-            if not self._stream.closed:
-                self._stream.flush()
-                self.entry = None if self.moved else _entry_or_none(self.growing)
-        finally:
-            if self.growing is not None:
-                self.growing.close()
-            if self._reader is not None:
-                os.close(self._reader)
-                self._reader = None
-            self._stream.close()
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-def _hashing_file_system():
-    """torch's local FileSystem, except that the shard files (``*.distcp``) it creates are hashed as they are
-    written and remembered for the seal (fsync not seen to: the seal does it)."""
-    from torch.distributed.checkpoint.filesystem import FileSystem
-
-    class HashingFileSystem(FileSystem):
-        @contextlib.contextmanager
-        def create_stream(self, path, mode):
-            if mode != "wb" or not os.fspath(path).endswith(".distcp"):
-                with super().create_stream(path, mode) as stream:
-                    yield stream
-                return
-            with super().create_stream(path, mode) as stream:
-                hashed = _HashedStream(stream, path)
-                try:
-                    yield hashed
-                finally:
-                    hashed.close()
-            if hashed.entry is not None:
-                _remember(path, hashed.entry, fsync_seen_to=False)
-
-    return HashingFileSystem()
-
-
-def _entry_or_none(growing) -> dict | None:
-    try:
-        return growing.entry()
-    except OSError:  # the seal hashes the file itself and reports what it finds
-        return None
-
-
 def dcp_save(converted_state: dict, path) -> None:
-    """Lightning's ``_distributed_checkpoint_save`` with sprite's writer: no fsync (the seal sees to it), shard
-    files hashed while they are written. Every rank calls it, as Lightning does."""
-    from torch.distributed.checkpoint import FileSystemWriter, save
+    """Lightning's ``_distributed_checkpoint_save`` with sprite's writer (``sprite.runtime.dcp_write``): one new
+    shard file a rank, hashed while it is written, no fsync (the seal sees to it). Every rank calls it, as
+    Lightning does."""
+    from torch.distributed.checkpoint import save
 
-    writer = FileSystemWriter(path, sync_files=False, thread_count=DCP_THREADS)
-    writer.fs = _hashing_file_system()
+    from sprite.runtime.dcp_write import Writer
+
+    writer = Writer(path)
     with paused_gc():
         save(converted_state, storage_writer=writer)
+    for name, entry in writer.entries.items():
+        _remember(name, entry, fsync_seen_to=False)
 
 
 def install() -> None:
