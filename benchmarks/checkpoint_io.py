@@ -1,4 +1,4 @@
-"""Checkpoint save and load with sprite's integrity (write once, SHA-256 manifest, fsync, verify before load)
+"""Checkpoint save and load with sprite's integrity (write once, SHA-256 manifest, fsync, verified load)
 against a plain torch.save / torch.load of the same state, measured in the same run.
 
 The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) is sharded with FSDP2 over the
@@ -6,14 +6,14 @@ launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint 
 included, and the adapter's optimizer state. The sprite side is what sprite's runtime does with every checkpoint
 (sprite.runtime.hashed_save, ckpt_seal, durable): write, hash from the page cache on a pool of threads, seal, and
 fsync the new files on a background thread, so a save is timed twice: until it returns to the training loop
-("save") and until its files are on disk on every rank ("durable"). Loads verify first, as `sprite run --resume`
-does (sprite.runtime.shared_verify: every rank hashes its share of the files), then load. Every load also copies
-what it read into the state's own tensors (a resume is not done before the model holds it), for all sides alike.
+("save") and until its files are on disk on every rank ("durable"). Loads verify as `sprite run --resume` does
+(sprite.runtime.shared_verify: every rank hashes its share of the files; a sharded folder's shard files while it
+loads, the rest first). Every load also copies what it read into the state's own tensors (a resume is not done
+before the model holds it), for all sides alike.
 Two formats:
 - sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save with
-  sprite.runtime.dcp_write: no torch.save per tensor, fsync left to the seal); load = the ranks verify the folder together,
-  then every rank loads it with sprite's reader (sprite.runtime.dcp_read.load, which sprite's runtime gives
-  Lightning in place of dcp.load). Both hold off Python's cycle collector (collective.paused_gc). Baseline:
+  sprite.runtime.dcp_write: no torch.save per tensor, fsync left to the seal); load = every rank loads it with
+  sprite's reader (sprite.runtime.dcp_read.load, which sprite's runtime gives Lightning in place of dcp.load). Both hold off Python's cycle collector (collective.paused_gc). Baseline:
   each rank torch.save / torch.load of its own local shards, one file per rank.
 - full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save into a temporary
   name, a pool of threads hashes each 64 MiB piece, rename), then sealed; load = verify, then torch.load with
@@ -194,9 +194,10 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
         dist.barrier()
         torch.save(local, plain / f"rank{rank}.pt")
 
-    def sprite_load():  # as `sprite run --resume` does: every rank hashes its share, then every rank loads
-        assert shared_verify.verify(shared_verify.DefaultGroup(), folder).valid, "the sealed folder does not verify"
+    def sprite_load():  # as `sprite run --resume` does: every rank hashes its share, the shard files while it loads
+        pending = shared_verify.start(shared_verify.DefaultGroup(), folder, background=True)
         dcp_read.load(state, folder)
+        assert pending.verdict().valid, "the sealed folder does not verify"
 
     def plain_load():  # into the model's own local shards, as dcp.load does
         _into(local, torch.load(plain / f"rank{rank}.pt", weights_only=True))
@@ -377,7 +378,8 @@ def main() -> int:
     result = json.loads(line.split("RESULT ", 1)[1])
     print(f"model {result['model']}, {result['world']} ranks, medians of {args.repeats}; torch's reader loads"
           f" sprite's sharded folder equal: {result['torch_reads_sprites_folder']}; sprite = write once,"
-          " SHA-256 manifest, fsync in the background / verify before load; loads include the copy into the state")
+          " SHA-256 manifest, fsync in the background / verified load (shard files while they load); loads include"
+          " the copy into the state")
     for fmt, m in result["medians"].items():
         durable = m["sprite_save"] + m["sprite_durable"]
         print(f"{fmt:>10}: save {m['sprite_save']:.2f} s vs plain {m['plain_save']:.2f} s (ratio"

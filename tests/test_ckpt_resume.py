@@ -3,7 +3,8 @@
 The fits are shared: DDP runs an uninterrupted fit, a fit whose rank 0 is SIGKILLed halfway through writing its
 4th checkpoint, a `--resume auto` of it under mpiexec, a resume after a byte of the newest checkpoint was flipped,
 and a resume where every checkpoint is corrupt; FSDP2 runs a sharded fit and a resume of it that saves full-state
-files, with each rank's RandomSampler drawing its permutation from the global generator. The script (tests/scripts/ckpt_fit.py) uses dropout and shuffled data and knows nothing about sprite.
+files, with each rank's RandomSampler drawing its permutation from the global generator, and a resume after a byte
+of rank 1's shard file was flipped in both of the newest sharded checkpoints. The script (tests/scripts/ckpt_fit.py) uses dropout and shuffled data and knows nothing about sprite.
 """
 
 from __future__ import annotations
@@ -145,6 +146,15 @@ def fsdp(sprite_cmd, tmp_path_factory):
     runs["a_dir"] = sorted(os.listdir(runs["ck"]))
     runs["b"] = fit(sprite_cmd, root, "b", ["--strategy", "fsdp", "--resume", str(runs["ck"] / "epoch=0-step=6.ckpt")],
                     root / "b_ck", "--max-steps", "9", "--full-state", "--every", "1", "--top-k", "1", "--random-sampler")
+    shutil.copytree(runs["ck"], root / "c_ck")
+    for name in ("last.ckpt", "epoch=0-step=9.ckpt"):  # both step-9 saves: a byte of rank 1's shard file flipped
+        shard = root / "c_ck" / name / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        os.unlink(shard)
+        shard.write_bytes(bytes(data))
+    runs["c"] = fit(sprite_cmd, root, "c", ["--strategy", "fsdp", "--resume", "auto"], root / "c_ck", "--max-steps",
+                    "9", "--random-sampler")
     return runs
 
 
@@ -169,3 +179,14 @@ def test_fsdp_resumes_a_sharded_checkpoint_and_removes_replaced_manifests(fsdp):
     for rank in (0, 1):
         resumed, first = losses(fsdp["root"], "b", rank), losses(fsdp["root"], "a", rank)
         assert resumed == {s: v for s, v in first.items() if s >= 6}
+
+
+def test_fsdp_resume_auto_loads_the_one_before_a_sharded_checkpoint_found_changed_while_it_loaded(fsdp):
+    log = fsdp["c"].stdout + fsdp["c"].stderr
+    assert fsdp["c"].returncode == 0, log[-3000:]
+    skipped = [line for line in log.splitlines() if "resume: skipped" in line]
+    assert len(skipped) == 2 and all("__1_0.distcp does not match its SHA-256" in line for line in skipped)
+    assert f"resume: from {fsdp['root'] / 'c_ck' / 'epoch=0-step=6.ckpt'} (step 6, epoch 0)" in log
+    for rank in (0, 1):
+        resumed, first = losses(fsdp["root"], "c", rank), losses(fsdp["root"], "a", rank)
+        assert resumed == {s: v for s, v in first.items() if s >= 6}  # the older checkpoint, bit for bit

@@ -73,7 +73,7 @@ def test_an_invalid_resume_path_ends_every_rank_with_exit_1(tmp_path):
     integrity.write_new(path, b"weights")
     integrity.seal(path, {"step": 3, "epoch": 0})
     trainer = type("Trainer", (), {"strategy": _Rank0()})()
-    assert resume.resolve(trainer, str(path)) == str(path)
+    assert resume.resolve(trainer, str(path)) == (str(path), None)  # a file: verified whole first
     path.write_bytes(b"WEIGHTS")
     with pytest.raises(integrity.IntegrityError, match="not valid: .*does not match its SHA-256") as err:
         resume.resolve(trainer, str(path))
@@ -103,3 +103,89 @@ def test_a_prefetched_batch_is_drawn_again_from_its_own_state():
     again = [(next(resumed), torch.rand(3)) for _ in range(2)]
     assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(later, again))
     assert not torch.equal(first, prefetched)
+
+
+def _sealed_folder(path, step: int):
+    from sprite import integrity
+
+    path.mkdir(parents=True)
+    for name, size in ((".metadata", 50), ("__0_0.distcp", 5000), ("meta.pt", 30)):
+        (path / name).write_bytes(bytes([step]) * size)
+    integrity.seal(path, {"step": step, "epoch": 0})
+    return path
+
+
+def _flip(path):
+    import os
+
+    data = bytearray(path.read_bytes())
+    os.unlink(path)
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))  # same size: only its SHA-256 tells
+
+
+class _Connector:
+    """Stands in for Lightning's _CheckpointConnector (a named fake): ``load`` is its resume_start."""
+
+    def __init__(self, tmp_path):
+        self.trainer = type("Trainer", (), {"strategy": _Rank0(), "checkpoint_callbacks": [],
+                                            "default_root_dir": str(tmp_path)})()
+        self.loads = []
+
+    def load(self, connector, path, weights_only, fail=None):
+        self.loads.append(path)
+        if fail:
+            raise fail
+        return "loaded"
+
+
+def test_a_sharded_checkpoint_loads_while_its_shard_files_are_hashed(tmp_path, monkeypatch):
+    from sprite.runtime import shared_verify
+
+    folder = _sealed_folder(tmp_path / "epoch=0-step=6.ckpt", 6)
+    hashing_during_load = []
+    connector = _Connector(tmp_path)
+    real_start = shared_verify.start
+    monkeypatch.setattr(shared_verify, "start", lambda *args, **kwargs: (
+        hashing_during_load.append(kwargs.get("background")), real_start(*args, **kwargs))[1])
+    assert resume._resume(connector.load, connector, str(folder), None) == "loaded"
+    assert connector.loads == [str(folder)] and hashing_during_load == [True]
+
+
+def test_a_sharded_checkpoint_found_changed_while_it_loaded_is_refused_with_exit_1(tmp_path):
+    from sprite import integrity
+
+    folder = _sealed_folder(tmp_path / "epoch=0-step=6.ckpt", 6)
+    _flip(folder / "__0_0.distcp")
+    connector = _Connector(tmp_path)
+    with pytest.raises(integrity.IntegrityError, match="not valid: .*__0_0.distcp does not match") as err:
+        resume._resume(connector.load, connector, str(folder), None)
+    assert err.value.exit_code == 1 and connector.loads == [str(folder)]  # loaded, then refused
+
+
+def test_resume_auto_loads_the_previous_checkpoint_over_one_found_changed_while_it_loaded(tmp_path, capfd):
+    older = _sealed_folder(tmp_path / "checkpoints" / "epoch=0-step=3.ckpt", 3)
+    newer = _sealed_folder(tmp_path / "checkpoints" / "epoch=0-step=6.ckpt", 6)
+    _flip(newer / "__0_0.distcp")
+    connector = _Connector(tmp_path)
+    assert resume._resume(connector.load, connector, "auto", None) == "loaded"
+    assert connector.loads == [str(newer), str(older)]
+    err = capfd.readouterr().err
+    assert f"resume: skipped {newer}" in err and "__0_0.distcp does not match its SHA-256" in err
+    assert f"resume: from {older} (step 3, epoch 0)" in err and f"resume: from {newer}" not in err
+
+
+def test_a_load_that_fails_is_blamed_on_the_checkpoint_only_when_it_does_not_verify(tmp_path):
+    from functools import partial
+
+    older = _sealed_folder(tmp_path / "checkpoints" / "epoch=0-step=3.ckpt", 3)
+    newer = _sealed_folder(tmp_path / "checkpoints" / "epoch=0-step=6.ckpt", 6)
+    connector = _Connector(tmp_path)
+    with pytest.raises(RuntimeError, match="the model does not fit"):  # intact: the load's own error
+        resume._resume(partial(connector.load, fail=RuntimeError("the model does not fit")), connector, "auto", None)
+    _flip(newer / "__0_0.distcp")
+    connector = _Connector(tmp_path)
+    failing_once = lambda conn, path, weights: connector.load(  # noqa: E731
+        conn, path, weights, fail=RuntimeError("bad zip") if path == str(newer) else None)
+    assert resume._resume(failing_once, connector, "auto", None) == "loaded"
+    assert connector.loads == [str(newer), str(older)]

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from sprite import integrity
+from sprite.runtime import shared_verify
 
 
 def _sealed(folder, names):
@@ -23,8 +24,9 @@ def test_the_shares_cover_every_file_once_and_only_the_owner_sees_a_changed_one(
     folder = _sealed(tmp_path / "ckpt", names)
     head = integrity.check_listing(folder)
     assert head.valid and sorted(head.manifest["files"]) == sorted(names)
-    shares = [sorted(head.manifest["files"])[rank::3] for rank in range(3)]
+    shares = [shared_verify._share(sorted(head.manifest["files"]), rank, 3) for rank in range(3)]
     assert sorted(sum(shares, [])) == sorted(names)
+    assert all(f"__{rank}_0.distcp" in share for rank, share in enumerate(shares))  # each rank its own shards
     data = (folder / "__2_0.distcp").read_bytes()
     os.unlink(folder / "__2_0.distcp")
     (folder / "__2_0.distcp").write_bytes(data[:-1] + b"\xff")  # same size: only its digest tells
@@ -71,3 +73,45 @@ def test_two_ranks_agree_on_a_verdict_only_one_of_them_could_see(tmp_path):
     assert results[0] == [[True, ""], [True, ""]]
     (valid0, reason0), (valid1, reason1) = results[1]
     assert not valid0 and not valid1 and reason0 == reason1 and "b.distcp does not match its SHA-256" in reason0
+
+
+class _One:
+    """Stands in for a Lightning strategy in a world of one (a named fake: no process group)."""
+
+    is_global_zero, global_rank, world_size = True, 0, 1
+
+    def broadcast(self, obj):
+        return obj
+
+
+def _changed(path):
+    data = path.read_bytes()
+    os.unlink(path)
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size: only the digest tells
+
+
+def test_shard_files_can_be_hashed_in_the_background_while_the_rest_is_checked_first(tmp_path, monkeypatch):
+    import threading
+
+    folder = _sealed(tmp_path / "ckpt", [".metadata", "__0_0.distcp", "meta.pt"])
+    seen = []
+    real = integrity.check_digests
+    monkeypatch.setattr(integrity, "check_digests", lambda target, body, names: (
+        seen.append((threading.current_thread().name, tuple(names))), real(target, body, names))[1])
+    pending = shared_verify.start(_One(), folder, background=True)
+    assert pending.later and pending.verdict().valid and not pending.later
+    assert seen[0] == ("MainThread", (".metadata", "meta.pt"))
+    assert seen[1][0].startswith("sprite-verify") and seen[1][1] == ("__0_0.distcp",)
+    _changed(folder / "__0_0.distcp")
+    pending = shared_verify.start(_One(), folder, background=True)
+    assert pending.later  # not known before the shard file is hashed
+    verdict = pending.verdict()
+    assert not verdict.valid and "__0_0.distcp does not match its SHA-256" in verdict.reason
+    assert not shared_verify.start(_One(), folder).verdict().valid  # and as before, all at once
+
+
+def test_a_changed_metadata_file_is_refused_before_any_load(tmp_path):
+    folder = _sealed(tmp_path / "ckpt", [".metadata", "__0_0.distcp"])
+    _changed(folder / ".metadata")  # torch unpickles it first: never left for later
+    pending = shared_verify.start(_One(), folder, background=True)
+    assert not pending.later and ".metadata does not match its SHA-256" in pending.verdict().reason

@@ -45,11 +45,17 @@ def _mine(written: Path, rank: int, world: int) -> list[str]:
     if written.is_file():
         return [written.name] if rank == 0 else []
     names = [Path(os.path.relpath(os.path.join(d, f), written)).as_posix() for d, _, fs in os.walk(written) for f in fs]
-    owner = re.compile(r"__(\d+)_")
-    def owned(name: str) -> int:
-        match = owner.match(Path(name).name)
-        return int(match.group(1)) if match and int(match.group(1)) < world else 0
-    return sorted(name for name in names if owned(name) == rank)
+    return sorted(name for name in names if (owner(name, world) or 0) == rank)
+
+
+def owner(name: str, world: int) -> int | None:
+    """The rank that wrote ``name`` of a torch.distributed.checkpoint folder when it is a shard file (``__<rank>_``
+    prefix, a rank of ``world``), else None."""
+    match = _SHARD.match(Path(name).name)
+    return int(match.group(1)) if match and int(match.group(1)) < world else None
+
+
+_SHARD = re.compile(r"__(\d+)_")
 
 
 def _describe_mine(written: Path, rank: int, world: int, sync: bool = True) -> tuple[bool, object, list]:

@@ -6,6 +6,11 @@ a path to it, trainer/connectors/checkpoint_connector.py:116-215) to ``resume_st
 which runs after the process group exists (trainer/trainer.py:1033 before :1046/:1066). There rank 0 lists the
 candidates, every rank hashes its share of each one checked (shared_verify), rank 0 decides, every rank gets the
 choice by broadcast, and a refusal ends every rank with exit code 1.
+
+The first sharded checkpoint (a folder) tried is loaded while its shard files are hashed (everything else in it
+is verified first): a resume on a fresh node reads them from disk once instead of twice. If they do not match
+their manifest once the load is over, the checkpoint is skipped as any invalid one is, and the next valid one is
+loaded over what was loaded from it (``--resume PATH``: exit code 1).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import glob
 import os
 
-from sprite import ckpt_scan, contract
+from sprite import ckpt_scan, contract, integrity
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
 from sprite.runtime import collective, shared_verify
@@ -50,11 +55,24 @@ def checkpoint_dirs(trainer) -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-def _auto(trainer) -> dict:
+def _check(strategy, later: list, background: bool = True):
+    """shared_verify for each candidate; with ``background``, the first folder's shard files are left to hash
+    while it loads (its Pending goes into ``later``, and it counts as valid until then)."""
+    def check(path) -> integrity.Verdict:
+        pending = shared_verify.start(strategy, path, background=background and os.path.isdir(path) and not later)
+        if pending.later:
+            later.append(pending)
+            return integrity.Verdict(True, "", pending.manifest)
+        return pending.verdict()
+    return check
+
+
+def _auto(trainer, rejected: list, later: list) -> dict:
     strategy = trainer.strategy
     dirs = checkpoint_dirs(trainer)
     entries, found = strategy.broadcast(ckpt_scan.listed(dirs) if strategy.is_global_zero else None)
-    chosen, skipped = ckpt_scan.pick(entries, lambda path: shared_verify.verify(strategy, path))
+    entries = [entry for entry in entries if str(entry.path) not in rejected]  # reported when rejected
+    chosen, skipped = ckpt_scan.pick(entries, _check(strategy, later, background=not rejected))
     if not strategy.is_global_zero:
         return {}  # rank 0's decision is broadcast
     for entry in skipped:
@@ -62,7 +80,7 @@ def _auto(trainer) -> dict:
         collective.audit("checkpoint_skipped", path=str(entry.path), reason=entry.reason)
     where = ", ".join(dirs) or "nowhere (the Trainer has no ModelCheckpoint)"
     if chosen is not None:
-        return _chosen(chosen)
+        return _chosen(chosen) if not later else {"path": str(chosen.path), "later": True}
     if found == 0:
         collective.say(f"resume auto: no checkpoint in {where}; starting fresh")
         return {"path": None}
@@ -78,34 +96,72 @@ def _chosen(entry: ckpt_scan.Entry) -> dict:
     return {"path": str(entry.path)}
 
 
-def _decide(trainer, wanted: str) -> dict:
-    """Every rank takes part (the checkpoint is verified by all, shared_verify); rank 0's answer counts:
-    ``{"path": str | None}`` or ``{"error": (what, cause, fix)}``."""
-    if wanted == "auto":
-        return _auto(trainer)
-    strategy = trainer.strategy
-    verdict = shared_verify.verify(strategy, wanted)
-    if not strategy.is_global_zero:
-        return {}
-    entry = ckpt_scan.inspect(wanted, verify=False)
-    if verdict.valid:
-        return _chosen(entry)
-    collective.audit("checkpoint_skipped", path=wanted, reason=verdict.reason)
-    return {"error": (f"--resume {wanted}: the checkpoint is not valid: {verdict.reason}.",
+def _refused(wanted: str, reason: str) -> dict:
+    collective.audit("checkpoint_skipped", path=wanted, reason=reason)
+    return {"error": (f"--resume {wanted}: the checkpoint is not valid: {reason}.",
                       "The save was cut short or the checkpoint was changed afterwards.",
                       "Pass another checkpoint, or --resume auto to take the newest valid one.")}
 
 
-def resolve(trainer, wanted: str):
-    """The checkpoint path every rank resumes from, or None for a fresh start.
+def _decide(trainer, wanted: str, rejected: list, later: list) -> dict:
+    """Every rank takes part (the checkpoint is verified by all, shared_verify); rank 0's answer counts:
+    ``{"path": str | None}``, with ``"later": True`` when its shard files are still being hashed (the Pending
+    is in ``later`` on every rank), or ``{"error": (what, cause, fix)}``."""
+    if wanted == "auto":
+        return _auto(trainer, rejected, later)
+    strategy = trainer.strategy
+    verdict = _check(strategy, later)(wanted)
+    if not strategy.is_global_zero:
+        return {}
+    if not verdict.valid:
+        return _refused(wanted, verdict.reason)
+    return {"path": wanted, "later": True} if later else _chosen(ckpt_scan.inspect(wanted, verify=False))
+
+
+def resolve(trainer, wanted: str, rejected: list | None = None):
+    """``(path, pending)``: the checkpoint path every rank resumes from (None for a fresh start), and the
+    shared_verify.Pending still hashing its shard files (None when it is verified whole). ``rejected``: paths
+    already found invalid, not tried again.
 
     Raises:
         IntegrityError: no valid checkpoint to resume from (every rank raises it; exit code 1).
     """
-    decision = trainer.strategy.broadcast(_decide(trainer, wanted))
+    later: list = []
+    decision = trainer.strategy.broadcast(_decide(trainer, wanted, rejected or [], later))
     if "error" in decision:
         raise IntegrityError(*decision["error"])
-    return decision["path"]
+    return decision["path"], (later[0] if decision.get("later") else None)
+
+
+def _resume(resume_start, connector, wanted: str, weights_only):
+    """``resume_start`` with the checkpoint :func:`resolve` picks; one whose shard files turn out not to match
+    while it loads is skipped, and the next is loaded (every rank takes part)."""
+    trainer, rejected = connector.trainer, []
+    while True:
+        path, pending = resolve(trainer, wanted, rejected)
+        if pending is None:
+            return resume_start(connector, path, weights_only)
+        failure = None
+        try:
+            result = resume_start(connector, path, weights_only)
+        except BaseException as error:  # noqa: BLE001 - torch's CheckpointException is one; decided below
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            failure = error
+        verdict = pending.verdict()
+        if verdict.valid:
+            if failure is not None:
+                raise failure
+            if trainer.strategy.is_global_zero:
+                _chosen(ckpt_scan.inspect(path, verify=False))
+            return result
+        rejected.append(path)
+        if wanted != "auto":
+            raise IntegrityError(*trainer.strategy.broadcast(
+                _refused(wanted, verdict.reason)["error"] if trainer.strategy.is_global_zero else None))
+        if trainer.strategy.is_global_zero:
+            collective.say(f"resume: skipped {path}: {verdict.reason}")
+            collective.audit("checkpoint_skipped", path=path, reason=verdict.reason)
 
 
 def install(wanted: str) -> None:
@@ -128,7 +184,7 @@ def install(wanted: str) -> None:
 
     def resolving_start(resume_start, connector, checkpoint_path=None, weights_only=None):
         if checkpoint_path == PENDING:
-            checkpoint_path = resolve(connector.trainer, wanted)
+            return _resume(resume_start, connector, wanted, weights_only)
         return resume_start(connector, checkpoint_path, weights_only)
 
     collective.wrap(Trainer, "fit", first_fit)
