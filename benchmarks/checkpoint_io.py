@@ -155,15 +155,16 @@ def _into(dest, loaded) -> None:
             _into(value, got)
 
 
-def _empty_like(state):
+def _like(state, make):
+    """``state``'s layout in new containers, each tensor replaced by ``make(tensor)``, other values kept."""
     import torch
 
     if isinstance(state, torch.Tensor):
-        return torch.empty_like(state)
+        return make(state)
     if isinstance(state, dict):
-        return {key: _empty_like(value) for key, value in state.items()}
+        return {key: _like(value, make) for key, value in state.items()}
     if isinstance(state, (list, tuple)):
-        return [_empty_like(value) for value in state]
+        return [_like(value, make) for value in state]
     return state
 
 
@@ -224,23 +225,11 @@ def _check(root: pathlib.Path, state: dict, repeat: int) -> bool:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    blank = _zeros(state)  # new containers too, so that nothing of ``state`` itself is loaded into
+    blank = _like(state, torch.zeros_like)  # new containers, so that nothing of ``state`` is loaded into
     dcp.load(blank, checkpoint_id=root / f"dcp{repeat}")
     same = torch.tensor([float(_equal(blank, state))], device=_device(state))
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     return bool(same.item())
-
-
-def _zeros(state):
-    import torch
-
-    if isinstance(state, torch.Tensor):
-        return torch.zeros_like(state)
-    if isinstance(state, dict):
-        return {key: _zeros(value) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return [_zeros(value) for value in state]
-    return state
 
 
 def _equal(got, want) -> bool:
@@ -280,7 +269,7 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     from lightning.fabric.utilities.cloud_io import _atomic_save
 
     path, plain, bare = root / f"full{repeat}.ckpt", root / f"full{repeat}.plain.ckpt", root / f"full{repeat}.bare"
-    dest = _empty_like(state) if rank == 0 else None  # where a load puts the state: the model's tensors
+    dest = _like(state, torch.empty_like) if rank == 0 else None  # where a load puts the state: the model's tensors
 
     def sprite_save():  # Lightning's TorchCheckpointIO write under sprite's runtime, then the seal
         if rank == 0:
