@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import io
+import math
 import os
 import pickle
 import secrets
@@ -64,12 +65,11 @@ class _Tensor:
     """Pickled as torch.save pickles a dense tensor with its own storage (``Tensor._reduce_ex_internal``)."""
 
     def __init__(self, dtype: torch.dtype, shape: tuple, names: dict):
-        numel, stride, step = 1, [], 1
+        stride, step = [], 1
         for n in reversed(shape):
             stride.append(step)
             step *= n
-            numel *= n
-        self.storage = _Storage(getattr(torch, names[dtype]), numel)
+        self.storage = _Storage(getattr(torch, names[dtype]), step)  # step: the product of the sizes
         self.shape, self.stride = shape, tuple(reversed(stride))
 
     def __reduce__(self):
@@ -234,7 +234,7 @@ class Writer(FileSystemWriter):
                         batch.append(planner.resolve_data(item).getbuffer())
                         results.append(self._result(item, name, at, len(batch[-1])))
                         at += len(batch[-1])
-                for group in self._groups(planner, tensors):
+                for group in self._groups(tensors):
                     for item, parts in self._host(form, planner, group):
                         size = sum(len(part) for part in parts)
                         results.append(self._result(item, name, at, size))
@@ -260,21 +260,17 @@ class Writer(FileSystemWriter):
         return WriteResult(index=item.index, size_in_bytes=length, storage_data=_StorageInfo(name, offset, length))
 
     @staticmethod
-    def _groups(planner, items: list) -> list[list]:
+    def _groups(items: list) -> list[list]:
         """``items`` in batches of about ``BATCH_BYTES`` of tensor data."""
-        groups, size = [[]], 0
+        groups, size = [], 0
         for item in items:
-            chunk = item.tensor_data.chunk.sizes
-            count = 1
-            for n in chunk:
-                count *= n
-            nbytes = count * item.tensor_data.properties.dtype.itemsize
-            if groups[-1] and size + nbytes > BATCH_BYTES:
+            nbytes = math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+            if not groups or size + nbytes > BATCH_BYTES:
                 groups.append([])
                 size = 0
             groups[-1].append(item)
             size += nbytes
-        return [group for group in groups if group]
+        return groups
 
     @staticmethod
     def _host(form: _Format, planner, group: list) -> list[tuple[object, list]]:

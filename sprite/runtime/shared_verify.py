@@ -39,8 +39,8 @@ def _agreed(reason: str, manifest) -> integrity.Verdict:
 class Pending:
     """A verification under way on this rank's background thread (or already decided)."""
 
-    def __init__(self, path, manifest, decided: integrity.Verdict | None = None, job=None):
-        self.path, self.manifest, self.decided, self.job = path, manifest, decided, job
+    def __init__(self, manifest, decided: integrity.Verdict | None = None, job=None):
+        self.manifest, self.decided, self.job = manifest, decided, job
 
     @property
     def later(self) -> bool:
@@ -65,17 +65,17 @@ def start(strategy, path, background: bool = False) -> Pending:
     rank = getattr(strategy, "global_rank", 0)
     head = strategy.broadcast(integrity.check_listing(path) if strategy.is_global_zero else None)
     if not head.valid:
-        return Pending(path, head.manifest, head)
+        return Pending(head.manifest, head)
     share = _share(sorted(head.manifest["files"]), rank, world)
     later = [name for name in share if background and name.endswith(".distcp")]
     now = [name for name in share if name not in later]
     first = _agreed(integrity.check_digests(path, head.manifest, now).reason, head.manifest)
     if not first.valid or not background:  # the same on every rank, even one with no shard file in its share
-        return Pending(path, head.manifest, first)
+        return Pending(head.manifest, first)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sprite-verify")
     job = pool.submit(integrity.check_digests, path, head.manifest, later)
     pool.shutdown(wait=False)
-    return Pending(path, head.manifest, job=job)
+    return Pending(head.manifest, job=job)
 
 
 def verify(strategy, path) -> integrity.Verdict:
