@@ -19,7 +19,7 @@ from sprite import submit
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [("aurora", "pbs", "aurora.pbs"), ("polaris", "pbs", "polaris.pbs"),
-         ("perlmutter", "slurm", "perlmutter.sbatch")]
+         ("perlmutter", "slurm", "perlmutter.sbatch"), ("local", "slurm", "local.sbatch"), ("local", "pbs", "local.pbs")]
 
 
 def normalised(text: str, cwd: Path) -> str:
