@@ -4,16 +4,16 @@ against a plain torch.save / torch.load of the same state, measured in the same 
 The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) is sharded with FSDP2 over the
 launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint holds: every weight, frozen ones
 included, and the adapter's optimizer state. The sprite side is what sprite's runtime does with every checkpoint
-(sprite.runtime.hashed_save, ckpt_seal, durable): write, hash from the page cache on a pool of threads, seal, and
+(sprite.runtime.ckpt.save, ckpt_seal, durable): write, hash from the page cache on a pool of threads, seal, and
 fsync the new files on a background thread, so a save is timed twice: until it returns to the training loop
 ("save") and until its files are on disk on every rank ("durable"). Loads verify as `sprite run --resume` does
-(sprite.runtime.shared_verify: every rank hashes its share of the files; a sharded folder's shard files while it
+(sprite.runtime.ckpt.shared_verify: every rank hashes its share of the files; a sharded folder's shard files while it
 loads, the rest first). Every load also copies what it read into the state's own tensors (a resume is not done
 before the model holds it), for all sides alike.
 Two formats:
 - sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save with
-  sprite.runtime.dcp_write: no torch.save per tensor, fsync left to the seal); load = every rank loads it with
-  sprite's reader (sprite.runtime.dcp_read.load, which sprite's runtime gives Lightning in place of dcp.load). Both hold off Python's cycle collector (collective.paused_gc). Baseline:
+  sprite.runtime.ckpt.dcp_write: no torch.save per tensor, fsync left to the seal); load = every rank loads it with
+  sprite's reader (sprite.runtime.ckpt.dcp_read.load, which sprite's runtime gives Lightning in place of dcp.load). Both hold off Python's cycle collector (collective.paused_gc). Baseline:
   each rank torch.save / torch.load of its own local shards, one file per rank.
 - full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save into a temporary
   name, a pool of threads hashes each 64 MiB piece, rename), then sealed; load = verify, then torch.load with
@@ -110,17 +110,17 @@ def _folder_bytes(path: pathlib.Path) -> int:
 
 
 def _seal(path: pathlib.Path, rank: int, world: int) -> None:
-    """What sprite's runtime does after every save to a new name (sprite.runtime.ckpt_seal): each of ``world``
+    """What sprite's runtime does after every save to a new name (sprite.runtime.ckpt.seal): each of ``world``
     ranks hashes the files it wrote (a single file hashed as it was written is not read again), rank 0 seals them
     all, and every rank queues the fsync of its files (rank 0: also the manifest and folders) on its background
     thread."""
     import torch.distributed as dist
 
     from sprite import integrity
-    from sprite.runtime import durable
-    from sprite.runtime.ckpt_seal import _describe_mine
+    from sprite.runtime.ckpt import durable
+    from sprite.runtime.ckpt.seal import describe_mine
 
-    mine = _describe_mine(path, rank, world, sync=False)
+    mine = describe_mine(path, rank, world, sync=False)
     reports, files, folders = [mine], [], []
     if world > 1:  # a full-state file is rank 0's alone: no gather
         reports = [None] * world
@@ -135,7 +135,7 @@ def _seal(path: pathlib.Path, rank: int, world: int) -> None:
 
 def _durable() -> None:
     """Wait until this rank's background fsyncs are done (every rank calls it; _timed's barrier then waits for all)."""
-    from sprite.runtime import durable
+    from sprite.runtime.ckpt import durable
 
     assert durable.drain(600)
     durable.check()
@@ -174,8 +174,9 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from sprite.runtime import dcp_read, shared_verify
-    from sprite.runtime.hashed_save import dcp_save
+    from sprite.runtime.ckpt import dcp_read
+    from sprite.runtime.ckpt import shared_verify
+    from sprite.runtime.ckpt.save import dcp_save
 
     folder, plain, bare = root / f"dcp{repeat}", root / f"plain{repeat}", root / f"bare{repeat}"
     local = {key: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in part.items()}
@@ -264,7 +265,7 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     import torch
 
     from sprite import integrity
-    from sprite.runtime.hashed_save import atomic_save
+    from sprite.runtime.ckpt.save import atomic_save
 
     from lightning.fabric.utilities.cloud_io import _atomic_save
 
@@ -349,8 +350,8 @@ def main() -> int:
         return 0
     import subprocess
 
-    from sprite.execute import resolve_program
-    from sprite.plan import plan_run
+    from sprite.launch.execute import resolve_program
+    from sprite.launch.plan import plan_run
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("SPRITE_BENCH_TMP")) as tmp:
         flags = {"script": os.path.abspath(__file__), "devices": args.devices, "strategy": "fsdp",

@@ -2,8 +2,8 @@
 every file, manifest written last, fsyncs) against the same save without it, measured in the same process.
 
 The sealed arm is what the runtime installs: the single-file write hashes the file from the page cache right
-after ``torch.save`` wrote it (sprite/runtime/hashed_save.py), rank 0 seals, and the fsyncs of a new name run in
-the background (sprite/runtime/durable.py). So the sealed save is timed until it returns (the ratio) and until it
+after ``torch.save`` wrote it (sprite/runtime/ckpt/save.py), rank 0 seals, and the fsyncs of a new name run in
+the background (sprite/runtime/ckpt/durable.py). So the sealed save is timed until it returns (the ratio) and until it
 is on disk too; each save starts after the one before is on disk (drained, then os.sync), so none shares the
 disk with another's write-back. The state is the parity recipe's model (``sprite/parity/recipe.py``: a Qwen2
 decoder with LoRA and a 2-class head; every frozen weight goes into the checkpoint too) after one AdamW step on
@@ -70,7 +70,9 @@ def main() -> None:
     from lightning.fabric.plugins.io import torch_io
     from lightning.pytorch import Trainer
 
-    from sprite.runtime import ckpt_seal, durable, hashed_save
+    from sprite.runtime.ckpt import seal as ckpt_seal
+    from sprite.runtime.ckpt import durable
+    from sprite.runtime.ckpt import save as hashed_save
 
     folder = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     trainer = fitted_trainer(args.model, folder)

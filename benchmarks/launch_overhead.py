@@ -44,7 +44,7 @@ def planning(repeats: int) -> None:
         nodefile.write_text("".join(f"x{4000 + i // 64}c{i % 8}s{i % 7}b0n0\n" for i in range(AURORA_NODES)))
         env = {**clean_env(), "PBS_JOBID": "1.aurora-pbs", "PBS_NODEFILE": str(nodefile)}
         dry = [str(BIN / "sprite"), "run", "--site", "aurora", "--strategy", "fsdp", "--dry-run", "--json", str(EXAMPLE)]
-        probe = ("import sys; sys.argv = " + repr(["sprite", *dry[1:]]) + "\nfrom sprite import cli\ntry:\n"
+        probe = ("import sys; sys.argv = " + repr(["sprite", *dry[1:]]) + "\nfrom sprite.cli import app as cli\ntry:\n"
                  "    cli.main()\nexcept SystemExit:\n    pass\nheavy = sorted({m.split('.')[0] for m in sys.modules}"
                  " & {'torch', 'lightning', 'pytorch_lightning'})\nsys.stderr.write(repr(heavy))")
         heavy = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stderr

@@ -19,8 +19,8 @@ import time
 
 from rich.console import Console
 
-from sprite.parity.compare import compare, overall
-from sprite.parity.runner import claim_dir, run_arms
+from sprite.parity.check.compare import compare, overall
+from sprite.parity.check.runner import claim_dir, run_arms
 from sprite.parity.settings import Settings
 
 

@@ -17,10 +17,11 @@ import time
 
 from rich.console import Console
 
-from sprite.parity import bf16, store
-from sprite.parity.invariants import invariants
-from sprite.parity.arm_launch import launch_arm
-from sprite.parity.runner import claim_dir
+from sprite.parity import store
+from sprite.parity.check import bf16
+from sprite.parity.check.invariants import invariants
+from sprite.parity.launch import launch_arm
+from sprite.parity.check.runner import claim_dir
 from sprite.parity.settings import SINGLE_ARMS, Settings
 
 

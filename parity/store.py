@@ -16,7 +16,8 @@ import pathlib
 
 import numpy as np
 
-from sprite import integrity, owner_only
+from sprite import integrity
+from sprite.integrity import owner_only
 from sprite.errors import SpriteError
 
 TENSORS = "tensors.npz"

@@ -1,5 +1,5 @@
 """``python -m sprite`` is the ``sprite`` command."""
 
-from sprite.cli import main
+from sprite.cli.app import main
 
 main()

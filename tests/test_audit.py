@@ -1,4 +1,4 @@
-"""sprite.audit: a hash-chained, append-only trail; every edit, reorder, insertion or cut is detected."""
+"""sprite.integrity.audit: a hash-chained, append-only trail; every edit, reorder, insertion or cut is detected."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sprite import audit
+from sprite.integrity import audit
 from sprite.integrity import IntegrityError
 
 

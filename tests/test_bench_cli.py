@@ -10,10 +10,11 @@ import io
 import pytest
 from rich.console import Console
 
-from sprite import cli, execute
-from sprite.parity import bench_runner
-from sprite.parity.bench_runner import launches, plan_arm
-from sprite.parity.bench_settings import BenchSettings
+from sprite.cli import app as cli
+from sprite.launch import execute
+from sprite.parity.bench import runner as bench_runner
+from sprite.parity.bench.runner import launches, plan_arm
+from sprite.parity.bench.settings import BenchSettings
 
 
 def run_cli(capsys, *args) -> tuple[int, str]:
@@ -66,17 +67,17 @@ def test_plans_inside_a_slurm_allocation_take_whole_nodes(clean_env, tmp_path):
     assert [settings.placement(w) for w in settings.sweep] == [(1, 1), (1, 4), (2, 4)]
     sprite = plan_arm(tmp_path, settings, 8, "sprite", 0, env)
     assert sprite.argv[:8] == ["srun", "--label", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4"]
-    assert sprite.argv[-11:-9] == ["-m", "sprite.runtime"] and sprite.argv[-9].endswith("bench_step.py")
+    assert sprite.argv[-11:-9] == ["-m", "sprite.runtime"] and sprite.argv[-9].endswith("step.py")
     assert sprite.env["SPRITE_WORLD_SIZE"] == "8" and sprite.argv[-8:] == [
         "--out", str(tmp_path), "--world", "8", "--arm", "sprite", "--repeat", "0"]
     raw = plan_arm(tmp_path, settings, 8, "raw", 0, env)
     # One torchrun agent per node, started by srun; each runs the plain script, no sprite runtime or contract.
     assert raw.argv[:2] == ["srun", "--nodes"] and "torch.distributed.run" in raw.argv
-    assert "sprite.runtime" not in raw.argv and raw.argv[-9].endswith("bench_raw.py")
+    assert "sprite.runtime" not in raw.argv and raw.argv[-9].endswith("raw.py")
     assert raw.argv[raw.argv.index("--nproc-per-node") + 1] == "4"
     assert not [key for key in raw.env if key.startswith("SPRITE_")]
     lightning = plan_arm(tmp_path, settings, 1, "lightning", 0, env)
-    assert lightning.argv[-9].endswith("bench_step.py") and "--nnodes" in lightning.argv
+    assert lightning.argv[-9].endswith("step.py") and "--nnodes" in lightning.argv
 
 
 def test_plans_under_pbs_and_here(clean_env, tmp_path):
@@ -86,7 +87,7 @@ def test_plans_under_pbs_and_here(clean_env, tmp_path):
     settings = BenchSettings(sweep=(24,), devices=12)
     assert plan_arm(tmp_path, settings, 24, "sprite", 0, pbs).argv[:6] == ["mpiexec", "-prepend-rank", "-n", "24", "-ppn", "12"]
     here = plan_arm(tmp_path, BenchSettings(), 2, "sprite", 0, clean_env)
-    assert here.argv[1:5] == ["-m", "sprite.supervisor", "--nproc", "2"]
+    assert here.argv[1:5] == ["-m", "sprite.launch.supervisor", "--nproc", "2"]
     raw = plan_arm(tmp_path, BenchSettings(), 2, "raw", 0, clean_env)
     assert here.env["OMP_NUM_THREADS"] == raw.env["OMP_NUM_THREADS"]  # the same threads in every arm
 

@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sprite.parity import bench_model
-from sprite.parity.bench_flops import attention_backward, attention_forward, count
-from sprite.parity.bench_peaks import table_peak
-from sprite.parity.bench_settings import BenchSettings, Window
-from sprite.parity.bench_timer import LoaderClock, StepTimer
+from sprite.parity.bench import model as bench_model
+from sprite.parity.bench.flops import attention_backward, attention_forward, count
+from sprite.parity.bench.peaks import table_peak
+from sprite.parity.bench.settings import BenchSettings, Window
+from sprite.parity.bench.timer import LoaderClock, StepTimer
 from sprite.runtime.devices import DEVICE_TABLE
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -203,8 +203,8 @@ def test_device_table_measurement_calls(monkeypatch):
 def test_step_0_counts_flops_then_compile_compiles_the_blocks(tmp_path):
     import argparse
 
-    from sprite.parity import bench_store
-    from sprite.parity.bench_worker import Measure
+    from sprite.parity.bench import store as bench_store
+    from sprite.parity.bench.worker import Measure
 
     settings = BenchSettings(batch=2, seq=16, compile=True, warmup=2)
     bench_store.claim(tmp_path / "run", settings)

@@ -8,10 +8,13 @@ import stat
 
 import pytest
 
-from sprite.parity import bench_plot, bench_stats, bench_store, bench_summary
-from sprite.parity.bench_settings import BenchSettings
+from sprite.parity.bench import plot as bench_plot
+from sprite.parity.bench import stats as bench_stats
+from sprite.parity.bench import store as bench_store
+from sprite.parity.bench import summary as bench_summary
+from sprite.parity.bench.settings import BenchSettings
 from sprite.errors import UsageError
-from sprite.writeonce import IntegrityError
+from sprite.integrity.writeonce import IntegrityError
 
 SETTINGS = BenchSettings(batch=4, seq=8, steps=4, window=2, warmup=1, baselines=("raw",))
 

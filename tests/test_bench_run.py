@@ -15,9 +15,9 @@ import subprocess
 import pytest
 import torch
 
-from sprite.parity import bench_model
-from sprite.parity.bench_flops import count
-from sprite.parity.bench_settings import BenchSettings
+from sprite.parity.bench import model as bench_model
+from sprite.parity.bench.flops import count
+from sprite.parity.bench.settings import BenchSettings
 
 pytestmark = pytest.mark.slow
 STEP = ["--batch", "2", "--seq", "16", "--steps", "4", "--window", "2", "--warmup", "2"]

@@ -19,10 +19,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sprite import integrity
-from sprite.runtime import hashed_save
-from sprite.parity.ckpt_cli import app
-from sprite.parity.ckpt_criterion import FAMILIES
-from sprite.parity.ckpt_settings import FAULTS
+from sprite.runtime.ckpt import save as hashed_save
+from sprite.parity.ckpt.cli import app
+from sprite.parity.ckpt.criterion import FAMILIES
+from sprite.parity.ckpt.settings import FAULTS
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -179,8 +179,8 @@ def test_a_used_out_is_refused(fp32):
 
 
 def test_fsdp2_resumes_a_1_device_and_a_ddp_checkpoint_of_a_lora_model(fp32, tmp_path, sprite_cmd, clean_env):
-    from sprite.parity import ckpt_results
-    from sprite.parity.ckpt_criterion import restore_checks
+    from sprite.parity.ckpt import results as ckpt_results
+    from sprite.parity.ckpt.criterion import restore_checks
 
     copy = tmp_path / "copy"
     shutil.copytree(fp32[0], copy)
@@ -193,7 +193,7 @@ def test_fsdp2_resumes_a_1_device_and_a_ddp_checkpoint_of_a_lora_model(fp32, tmp
         resumed = ckpt_results.load(copy, f"cross/{arm}")
         checks = restore_checks(arm, [saved["state"]], resumed, full=True)
         assert len(resumed["ranks"]) == 2 and all(c["passed"] for c in checks), checks
-    # Lightning's own ModelParallelStrategy still refuses it: the evidence behind sprite.runtime.fsdp2_load.
+    # Lightning's own ModelParallelStrategy still refuses it: the evidence behind sprite.runtime.ckpt.fsdp2_load.
     assert "Missing optimizer state" in (copy / "cross" / "lightning.txt").read_text()
 
 
@@ -216,7 +216,7 @@ def test_consolidate_writes_the_file_a_1_device_fit_resumed_from(fp32, tmp_path,
     again = subprocess.run([*sprite_cmd, "ckpt", "consolidate", str(source), str(out)], capture_output=True, text=True)
     assert again.returncode == 2 and "exists already" in again.stderr
     assert out.read_bytes() == exported.read_bytes()
-    # Lightning's own tool still fails on this format: the evidence behind sprite.consolidate.
+    # Lightning's own tool still fails on this format: the evidence behind sprite.runtime.ckpt.consolidate.
     theirs = subprocess.run([sys.executable, "-m", "lightning.pytorch.utilities.consolidate_checkpoint", str(source),
                              "--output_file", str(tmp_path / "theirs.ckpt")], capture_output=True, text=True)
     assert theirs.returncode != 0 and "KeyError: 'model'" in theirs.stderr

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sprite import audit, integrity
-from sprite.runtime import hashed_save
+from sprite import integrity
+from sprite.integrity import audit
+from sprite.runtime.ckpt import save as hashed_save
 
 pytestmark = pytest.mark.slow
 

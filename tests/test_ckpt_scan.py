@@ -11,8 +11,11 @@ import time
 
 import pytest
 
-from sprite import ckpt_scan, cli, contract, integrity, plan
-from sprite.runtime import ckpt_seal
+from sprite import contract, integrity
+from sprite.integrity import scan as ckpt_scan
+from sprite.cli import app as cli
+from sprite.launch import plan
+from sprite.runtime.ckpt import seal as ckpt_seal
 
 from conftest import OUTSIDE_CHECKOUT
 
@@ -99,7 +102,7 @@ def test_ckpt_commands_import_no_torch(tmp_path):
     path = _ckpt(tmp_path, 3)
     probe = f"""
 import sys
-from sprite import cli
+from sprite.cli import app as cli
 for argv in (["ckpt", "verify", {str(path)!r}], ["ckpt", "list", {str(tmp_path)!r}]):
     try:
         cli.main(argv)
@@ -129,7 +132,7 @@ def test_resume_is_planned_into_the_contract(clean_env, example_script, tmp_path
 def test_single_file_saves_are_hashed_while_written(tmp_path):
     import hashlib
 
-    from sprite.runtime import hashed_save
+    from sprite.runtime.ckpt import save as hashed_save
 
     target = tmp_path / "epoch=0-step=1.ckpt"
     hashed_save.atomic_save({"w": list(range(1000))}, target)
@@ -144,8 +147,10 @@ def test_single_file_saves_are_hashed_while_written(tmp_path):
 def test_a_large_single_file_save_is_hashed_piece_by_piece_after_torch_writes_it(tmp_path, monkeypatch):
     import torch
 
-    from sprite import digest, integrity
-    from sprite.runtime import durable, hashed_save
+    from sprite import integrity
+    from sprite.integrity import digest
+    from sprite.runtime.ckpt import durable
+    from sprite.runtime.ckpt import save as hashed_save
 
     monkeypatch.setattr(digest, "CHUNK", 1 << 16)
     state = {"w": torch.arange(100_000, dtype=torch.float32), "step": 3}

@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from conftest import OUTSIDE_CHECKOUT
 from sprite.errors import UsageError
-from sprite.parity.ckpt_cli import app
-from sprite.parity.ckpt_criterion import difference, restore_checks
-from sprite.parity.ckpt_roles import Launch, expected_results, launches
-from sprite.parity.ckpt_runner import _next
-from sprite.parity.ckpt_settings import CkptSettings
+from sprite.parity.ckpt.cli import app
+from sprite.parity.ckpt.criterion import difference, restore_checks
+from sprite.parity.ckpt.roles import Launch, expected_results, launches
+from sprite.parity.ckpt.runner import _next
+from sprite.parity.ckpt.settings import CkptSettings
 
 
 def test_the_launch_table_respects_its_order_and_shares_the_fsdp2_training():
@@ -97,7 +97,7 @@ def test_no_out_is_bad_usage():
 
 
 def test_the_command_modules_import_nothing_heavy():
-    probe = ("import sys, sprite.parity.ckpt_cli, sprite.cli_ckpt, sprite.consolidate; "
+    probe = ("import sys, sprite.parity.ckpt.cli, sprite.cli.ckpt, sprite.runtime.ckpt.consolidate; "
              "print(sorted({'torch', 'lightning', 'transformers'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=OUTSIDE_CHECKOUT).stdout
@@ -105,7 +105,7 @@ def test_the_command_modules_import_nothing_heavy():
 
 
 def test_consolidation_keys_optimizer_state_by_position_in_param_group_order():
-    from sprite.consolidate import _by_position
+    from sprite.runtime.ckpt.consolidate import _by_position
 
     state = {"state": {"b": {"step": 1}, "a": {"step": 2}},
              "param_groups": [{"lr": 1, "params": ["b", "c"]}, {"lr": 2, "params": ["a"]}]}
@@ -118,7 +118,7 @@ def test_consolidation_keys_optimizer_state_by_position_in_param_group_order():
 def test_fsdp2_maps_saved_positions_through_the_optimizers_own_parameters():
     import torch
 
-    from sprite.runtime.fsdp2_load import by_name, positional
+    from sprite.runtime.ckpt.fsdp2_load import by_name, positional
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     model[0].requires_grad_(False)  # frozen first, as a LoRA backbone is: Lightning maps position 0 to it
@@ -136,7 +136,7 @@ def test_the_progress_display_shows_each_launch_its_state_and_the_time_left():
 
     from rich.console import Console
 
-    from sprite.parity.ckpt_runner import board
+    from sprite.parity.ckpt.runner import board
 
     table = launches(CkptSettings())
     sink = io.StringIO()
@@ -175,8 +175,8 @@ def _step(index: int) -> dict:
 
 
 def test_a_fault_is_rejected_only_for_the_checks_attributable_to_it():
-    from sprite.parity.ckpt_judge import fault_case
-    from sprite.parity.ckpt_roles import checkpoint
+    from sprite.parity.ckpt.judge import fault_case
+    from sprite.parity.ckpt.roles import checkpoint
 
     settings = CkptSettings(devices=2, epochs=2, steps_per_epoch=1)
     saved = {**SAVED, "frozen_full": {"f": "4"}}

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from sprite import cli
-from sprite.parity.faults import FAULTS
+from sprite.cli import app as cli
+from sprite.parity.check.faults import FAULTS
 
 
 def help_text(*args: str) -> str:

@@ -1,4 +1,4 @@
-"""sprite's reader of torch.distributed.checkpoint folders (sprite/runtime/dcp_read.py): it loads what torch's own
+"""sprite's reader of torch.distributed.checkpoint folders (sprite/runtime/ckpt/dcp_read.py): it loads what torch's own
 reader loads, refuses what weights_only refuses, reads plain tensors without torch.load, and a rank that fails
 fails every rank. Folders are written by torch's own dcp.save; two real gloo processes for the agreement."""
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from sprite.runtime import dcp_read  # noqa: E402  (needs torch)
+from sprite.runtime.ckpt import dcp_read
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8, torch.uint8,
           torch.bool, torch.complex64]
@@ -231,17 +231,17 @@ def test_the_records_of_another_zip_are_left_to_torch():
 
     raw = memoryview(bytearray(b"PK\x05\x06" + b"\x00" * 16 + b"\x05\x00" + b"hello"))  # a comment after the end
     with pytest.raises(dcp_read._Unknown):
-        dcp_read._records(raw)
+        dcp_read.zip_records(raw)
     packed = io.BytesIO()
     with zipfile.ZipFile(packed, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("archive/data.pkl", b"x" * 1000)  # compressed: its bytes are not the record
         archive.writestr("archive/pad", b"y" * 5000, compress_type=zipfile.ZIP_STORED)
     with pytest.raises(dcp_read._Unknown):
-        dcp_read._records(memoryview(bytearray(packed.getvalue())))
+        dcp_read.zip_records(memoryview(bytearray(packed.getvalue())))
     stored = io.BytesIO()
     with zipfile.ZipFile(stored, "w", compression=zipfile.ZIP_STORED) as archive:
         archive.writestr("archive/data.pkl", b"x" * 1000)
-    where, length = dcp_read._records(memoryview(bytearray(stored.getvalue())))["data.pkl"]
+    where, length = dcp_read.zip_records(memoryview(bytearray(stored.getvalue())))["data.pkl"]
     assert stored.getvalue()[where:where + length] == b"x" * 1000
 
 
@@ -262,7 +262,7 @@ def test_paused_gc_restores_the_collectors_state():
 
 
 def test_checkpoint_writes_and_reads_run_without_the_cycle_collector(tmp_path, monkeypatch):
-    from sprite.runtime import hashed_save
+    from sprite.runtime.ckpt import save as hashed_save
 
     seen = []
     real_save = torch.save
@@ -285,7 +285,7 @@ def test_install_gives_lightning_sprites_load():
     from lightning.fabric.strategies import model_parallel
     from lightning.pytorch.strategies import fsdp
 
-    from sprite.runtime import ckpt_seal
+    from sprite.runtime.ckpt import seal as ckpt_seal
 
     ckpt_seal.install()
     assert fabric_fsdp._distributed_checkpoint_load is dcp_read.load
@@ -327,7 +327,7 @@ def _rank(rank: int, world: int, port: int, folder: str, out: str) -> None:
 def test_a_rank_that_fails_to_load_fails_every_rank(tmp_path):
     import torch.multiprocessing as mp
 
-    from sprite.rendezvous import free_port
+    from sprite.launch.rendezvous import free_port
 
     folder = tmp_path / "ckpt"
     _save({"w": torch.arange(8.0)}, folder)

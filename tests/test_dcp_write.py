@@ -1,4 +1,4 @@
-"""sprite's writer of torch.distributed.checkpoint folders (sprite/runtime/dcp_write.py): what it writes, torch's
+"""sprite's writer of torch.distributed.checkpoint folders (sprite/runtime/ckpt/dcp_write.py): what it writes, torch's
 own reader loads (and sprite's); each plain tensor is the archive torch.save writes, without a torch.save call;
 the one shard file a rank is created new, hashed while written, removed when the save fails."""
 
@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from sprite import digest  # noqa: E402
-from sprite.runtime import dcp_read, dcp_write, hashed_save  # noqa: E402  (need torch)
+from sprite.integrity import digest
+from sprite.runtime.ckpt import dcp_read
+from sprite.runtime.ckpt import dcp_write
+from sprite.runtime.ckpt import save as hashed_save
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64, torch.uint16]  # uint16: no storage name, so torch.save's
@@ -95,7 +97,7 @@ def test_each_plain_tensor_is_the_archive_torch_save_writes_but_its_crc(tmp_path
     torch.save(tensor.contiguous(), expected)
     mine, theirs = zipfile.ZipFile(io.BytesIO(archive)), zipfile.ZipFile(expected)
     assert [info.filename for info in mine.infolist()] == [info.filename for info in theirs.infolist()]
-    records = dcp_read._records(memoryview(archive))  # read without the CRC check zipfile makes
+    records = dcp_read.zip_records(memoryview(archive))  # read without the CRC check zipfile makes
     for name, (start, length) in records.items():
         if name != ".data/serialization_id":
             assert archive[start:start + length] == theirs.read(f"archive/{name}"), name
@@ -159,7 +161,7 @@ def test_an_archive_past_the_plain_zips_limit_is_left_to_torch_save(tmp_path, mo
 
 def test_the_shard_file_is_hashed_while_written_and_not_read_again_by_the_seal(tmp_path, monkeypatch):
     from sprite import integrity
-    from sprite.runtime import ckpt_seal
+    from sprite.runtime.ckpt import seal as ckpt_seal
 
     monkeypatch.setattr(digest, "CHUNK", 4096)  # many pieces in a small file
     monkeypatch.setattr(dcp_write, "_SMALL", 1000)
@@ -178,7 +180,7 @@ def test_the_shard_file_is_hashed_while_written_and_not_read_again_by_the_seal(t
     real_describe = integrity.describe
     monkeypatch.setattr(integrity, "describe", lambda root, names: (described.extend(names),
                                                                     real_describe(root, names))[1])
-    ok, files, later = ckpt_seal._describe_mine(folder, 0, 1, sync=False)
+    ok, files, later = ckpt_seal.describe_mine(folder, 0, 1, sync=False)
     assert ok and shard.name not in described  # not read again
     assert str(shard) in later  # but fsynced in the background
     assert files[shard.name] == digest.files([shard])[0]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sprite import devicecount, envinfo
-from sprite.plan import plan_run
+from sprite.launch import devicecount
+from sprite.cli import envinfo
+from sprite.launch.plan import plan_run
 
 FAKES = Path(__file__).parent / "fakes"
 

@@ -1,4 +1,4 @@
-"""Checkpoint data made durable in the background (sprite.runtime.durable): a save to a new name returns before
+"""Checkpoint data made durable in the background (sprite.runtime.ckpt.durable): a save to a new name returns before
 its fsync, a superseded checkpoint is removed only after it, and a failure keeps the older checkpoint."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sprite.runtime import durable, hashed_save
+from sprite.runtime.ckpt import durable
+from sprite.runtime.ckpt import save as hashed_save
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_removal_waits_until_every_rank_counted_the_newest_save(tmp_path, monkey
 
 
 def test_the_next_save_stops_when_a_background_fsync_failed(monkeypatch, tmp_path):
-    from sprite.runtime import ckpt_seal
+    from sprite.runtime.ckpt import seal as ckpt_seal
 
     monkeypatch.setattr(durable, "_failed", ["OSError: [Errno 5] Input/output error"])
     called = []
@@ -103,16 +104,16 @@ def test_the_next_save_stops_when_a_background_fsync_failed(monkeypatch, tmp_pat
 
 
 def test_a_folder_replacing_one_of_the_same_name_is_fsynced_during_the_save(tmp_path, monkeypatch):
-    from sprite.runtime import ckpt_seal
+    from sprite.runtime.ckpt import seal as ckpt_seal
 
     for name in (".metadata", "__0_0.distcp"):
         (tmp_path / name).write_bytes(b"shard")
     synced, fsync = [], os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd))[1])
-    ok, files, later = ckpt_seal._describe_mine(tmp_path, 0, 1, sync=False)  # a new name: fsync left for later
+    ok, files, later = ckpt_seal.describe_mine(tmp_path, 0, 1, sync=False)  # a new name: fsync left for later
     assert ok and set(files) == {".metadata", "__0_0.distcp"} and not synced
     assert sorted(later) == [str(tmp_path / ".metadata"), str(tmp_path / "__0_0.distcp")]
-    ok, files, later = ckpt_seal._describe_mine(tmp_path, 0, 1, sync=True)  # swapped in over a name in use
+    ok, files, later = ckpt_seal.describe_mine(tmp_path, 0, 1, sync=True)  # swapped in over a name in use
     assert ok and later == [] and sorted(synced) == [str(tmp_path / ".metadata"), str(tmp_path / "__0_0.distcp")]
 
 
@@ -129,8 +130,9 @@ class _Strategy:  # what ckpt_seal.save_checkpoint asks of a one-process Lightni
 def test_a_save_to_a_new_name_makes_no_fsync_on_the_training_loop(tmp_path, monkeypatch):
     import types
 
-    from sprite import audit, contract, integrity
-    from sprite.runtime import ckpt_seal
+    from sprite import contract, integrity
+    from sprite.integrity import audit
+    from sprite.runtime.ckpt import seal as ckpt_seal
 
     monkeypatch.setenv(contract.RUN_DIR, str(tmp_path))
     trail = tmp_path / "audit.jsonl"
@@ -177,9 +179,9 @@ def test_a_save_that_was_not_sealed_keeps_the_checkpoint_it_was_to_supersede(tmp
 def test_a_checkpoint_a_rank_could_not_confirm_supersedes_nothing(tmp_path, monkeypatch, capfd):
     import types
 
-    from sprite.runtime import ckpt_seal
+    from sprite.runtime.ckpt import seal as ckpt_seal
 
-    monkeypatch.setattr(ckpt_seal, "_describe_mine", lambda *a, **k: (False, "rank 0: disk full", []))
+    monkeypatch.setattr(ckpt_seal, "describe_mine", lambda *a, **k: (False, "rank 0: disk full", []))
     trainer = types.SimpleNamespace(strategy=_Strategy(), global_step=6, current_epoch=0, world_size=1, global_rank=0)
     old, new = tmp_path / "epoch=0-step=3.ckpt", tmp_path / "epoch=0-step=6.ckpt"
     old.write_bytes(b"old")
@@ -194,7 +196,7 @@ def test_a_new_folder_checkpoint_and_its_entry_in_the_parent_are_fsynced_in_the_
     import types
 
     from sprite import integrity
-    from sprite.runtime import ckpt_seal
+    from sprite.runtime.ckpt import seal as ckpt_seal
 
     monkeypatch.delenv("SPRITE_RUN_DIR", raising=False)
     strategy = _Strategy()
@@ -248,7 +250,7 @@ def test_the_end_of_a_script_waits_for_the_background_thread(tmp_path):
 
     done = tmp_path / "done"
     script = tmp_path / "script.py"
-    script.write_text("import time\nfrom sprite.runtime import durable\n"
+    script.write_text("import time\nfrom sprite.runtime.ckpt import durable\n"
                       f"durable.later(lambda: (time.sleep(1), open({str(done)!r}, 'w').write('on disk')))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPRITE_")}
     run = subprocess.run([sys.executable, "-m", "sprite.runtime", str(script)], env=env, capture_output=True,

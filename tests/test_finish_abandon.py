@@ -32,7 +32,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 def test_abandon_destroys_the_group_without_waiting_for_a_peer(tmp_path):
     import torch.multiprocessing as mp
 
-    from sprite.rendezvous import free_port
+    from sprite.launch.rendezvous import free_port
     from sprite.runtime import finish
 
     finish.abandon()  # no process group here: nothing to do, and no error

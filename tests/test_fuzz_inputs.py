@@ -25,9 +25,9 @@ import yaml
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from sprite import submit
+from sprite.jobs import submit
 from sprite.errors import SpriteError, report
-from sprite.plan import plan_run
+from sprite.launch.plan import plan_run
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = str(REPO / "examples" / "train.py")
@@ -287,7 +287,7 @@ def test_allocations_plan_or_refuse_naming_the_variable(environ, flags):
     first = world.hosts[0].split(".")[0] + domain if domain else world.hosts[0]
     assert plan.env["MASTER_ADDR"] in (first, "127.0.0.1")  # never an inherited or excluded host
     if world.alloc.job_id:
-        from sprite.rendezvous import port_from_job_id
+        from sprite.launch.rendezvous import port_from_job_id
         assert plan.env["MASTER_PORT"] == str(port_from_job_id(world.alloc.job_id))
 
 

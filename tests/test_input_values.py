@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sprite import envinfo, submit
+from sprite.cli import envinfo
+from sprite.jobs import submit
 from sprite.errors import SpecError, SpriteError, UsageError, report
-from sprite.plan import plan_run
+from sprite.launch.plan import plan_run
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = str(REPO / "examples" / "train.py")

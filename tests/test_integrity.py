@@ -66,7 +66,7 @@ def test_sha256_file_streams_and_refuses_symlinks(tmp_path):
 
 
 def test_a_large_file_is_described_by_the_sha256_of_each_piece(tmp_path, monkeypatch):
-    from sprite import digest
+    from sprite.integrity import digest
 
     monkeypatch.setattr(digest, "CHUNK", 4096)
     data = os.urandom(3 * 4096 + 17)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sprite import submit
+from sprite.jobs import submit
 from sprite.errors import SpecError
 from sprite.schedulers import pbs, slurm
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sprite import submit
+from sprite.jobs import submit
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"

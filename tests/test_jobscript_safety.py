@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from sprite import submit
+from sprite.jobs import submit
 from sprite.errors import SpriteError
 
 SCHEDULER_STRINGS = ("account", "queue", "walltime", "job_name", "output_dir", "select", "place", "python",

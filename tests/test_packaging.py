@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import OUTSIDE_CHECKOUT
-from sprite import sites
+from sprite.spec import sites
 
 
 def test_site_profiles_and_example_ship_inside_the_package():
@@ -25,7 +25,7 @@ def test_site_profiles_and_example_ship_inside_the_package():
 def test_planning_and_help_import_no_torch_or_lightning(clean_env, example_script):
     probe = f"""
 import sys
-from sprite import cli
+from sprite.cli import app as cli
 for argv in (["--help"], ["run", "--help"], ["env", "--json"], ["run", "--dry-run", "--json", {example_script!r}],
              ["bench", "--help"], ["bench", "compare", "--help"]):
     try:

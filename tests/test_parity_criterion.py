@@ -9,8 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from sprite.parity import bf16, criterion, faults
-from sprite.parity.invariants import expected_shards, invariants
+from sprite.parity import criterion
+from sprite.parity.check import bf16
+from sprite.parity.check import faults
+from sprite.parity.check.invariants import expected_shards, invariants
 from sprite.parity.settings import Settings, arm_world, shard_rows, step_rows
 from sprite.parity.store import clean
 

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from sprite.errors import UsageError
-from sprite.parity import cli as command
+from sprite.parity.check import cli as command
 
 
 def test_missing_peft_is_a_usage_error_before_anything_runs(monkeypatch):

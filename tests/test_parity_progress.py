@@ -8,7 +8,8 @@ import io
 
 from rich.console import Console
 
-from sprite.parity import plot, report
+from sprite.parity.check import plot
+from sprite.parity.check import report
 from sprite.parity.progress import ProgressBoard
 
 ITEMS = [("ref", "1 process"), ("ddp", "2 processes"), ("fsdp", "2 processes")]

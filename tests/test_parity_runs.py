@@ -16,7 +16,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from sprite.parity.cli import app
+from sprite.parity.check.cli import app
 
 from conftest import OUTSIDE_CHECKOUT
 
@@ -182,7 +182,7 @@ def test_bad_usage_exits_2_before_running(args, words, tmp_path):
 
 
 def test_command_module_imports_nothing_heavy():
-    probe = "import sys, sprite.parity.cli; print(sorted({'torch','lightning','transformers'} & set(sys.modules)))"
+    probe = "import sys, sprite.parity.check.cli; print(sorted({'torch','lightning','transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=OUTSIDE_CHECKOUT).stdout
     assert out.strip() == "[]"

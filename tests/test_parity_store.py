@@ -7,7 +7,7 @@ import pytest
 
 from sprite import integrity
 from sprite.parity import store
-from sprite.parity.arm_launch import arm_overrides
+from sprite.parity.launch import arm_overrides
 from sprite.parity.settings import Settings
 
 
@@ -63,7 +63,7 @@ def test_arms_launch_through_sprite_plans_with_their_own_world(tmp_path):
 
 def test_a_world_that_cannot_be_planned_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     from sprite.errors import UsageError
-    from sprite.parity.runner import claim_dir
+    from sprite.parity.check.runner import claim_dir
 
     for name in ("PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
         monkeypatch.delenv(name, raising=False)

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from sprite import contract, rendezvous
-from sprite.plan import plan_run
+from sprite import contract
+from sprite.launch import rendezvous
+from sprite.launch.plan import plan_run
 from sprite.errors import UsageError
 
 from conftest import OUTSIDE_CHECKOUT
@@ -105,7 +106,7 @@ def test_inherited_rendezvous_is_replaced_with_a_note(pbs_env, tmp_path, example
 
 def test_derived_port_is_the_same_in_another_process():
     # Python's hash() is salted per process; the derivation must not be.
-    code = "from sprite.rendezvous import port_from_job_id as p; print(p('123.pbs'))"
+    code = "from sprite.launch.rendezvous import port_from_job_id as p; print(p('123.pbs'))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=OUTSIDE_CHECKOUT)
     assert int(other.stdout) == rendezvous.port_from_job_id("123.pbs")
@@ -114,7 +115,7 @@ def test_derived_port_is_the_same_in_another_process():
 
 def test_local_plan_uses_supervisor_and_loopback(clean_env, example_script):
     plan = plan_run({"script": example_script, "devices": 2}, clean_env)
-    assert plan.argv[1:5] == ["-m", "sprite.supervisor", "--nproc", "2"]
+    assert plan.argv[1:5] == ["-m", "sprite.launch.supervisor", "--nproc", "2"]
     assert plan.env["MASTER_ADDR"] == "127.0.0.1" and plan.env["WORLD_SIZE"] == "2"
     assert 1024 <= int(plan.env["MASTER_PORT"]) <= 65535
 

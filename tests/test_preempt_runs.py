@@ -30,7 +30,8 @@ import pytest
 import yaml
 
 from slurm_cluster import slurm  # noqa: F401  (fixture)
-from sprite import audit, integrity
+from sprite import integrity
+from sprite.integrity import audit
 from sprite.errors import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow
@@ -189,7 +190,7 @@ def _submit(cluster, root: Path, tag: str, hold: int) -> str:
 
 
 def _log(root: Path, tag: str, job_id: str) -> Path:
-    """The job's log: its script is the first submission named ``tag``, so ``<tag>-1`` (sprite.jobfiles)."""
+    """The job's log: its script is the first submission named ``tag``, so ``<tag>-1`` (sprite.jobs.files)."""
     return root / "sprite-jobs" / f"{tag}-1-{job_id}.log"
 
 

@@ -15,9 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from sprite import audit, contract, heartbeat, plan, preemption, submit
+from sprite import contract
+from sprite.integrity import audit
+from sprite.contract import heartbeat
+from sprite.launch import plan
+from sprite.contract import preemption
+from sprite.jobs import submit
 from sprite.errors import EXIT_PREEMPTED, UsageError
-from sprite.heartbeat import Beat
+from sprite.contract.heartbeat import Beat
 from sprite.recovery import attempt, classify, requeue
 from sprite.recovery.classify import PREEMPTION
 from sprite.runtime import preempt_signal
@@ -200,7 +205,7 @@ def test_the_local_supervisor_lets_every_rank_stop_for_preemption(tmp_path):
     # rank 1 stops 1.5 s after rank 0, as a rank still leaving the process group would
     rank.write_text("import os, sys, time\ntime.sleep(1.5 * int(os.environ['RANK']))\n"
                     "open(os.path.join(sys.argv[1], 'left' + os.environ['RANK']), 'w').close()\nsys.exit(75)\n")
-    done = subprocess.run([sys.executable, "-m", "sprite.supervisor", "--nproc", "2", "--", sys.executable, str(rank),
+    done = subprocess.run([sys.executable, "-m", "sprite.launch.supervisor", "--nproc", "2", "--", sys.executable, str(rank),
                            str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_PREEMPTED, done.stderr
     assert (tmp_path / "left0").exists() and (tmp_path / "left1").exists(), done.stderr
@@ -211,7 +216,8 @@ def test_the_preemption_save_goes_where_resume_auto_looks(tmp_path):
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from sprite.runtime import preempt, resume
+    from sprite.runtime import preempt
+    from sprite.runtime.ckpt import resume
 
     for kwargs in ({"callbacks": [ModelCheckpoint(dirpath=tmp_path / "mine")]}, {"enable_checkpointing": False}):
         trainer = Trainer(default_root_dir=tmp_path, logger=False, **kwargs)

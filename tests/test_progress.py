@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from sprite import heartbeat
-from sprite.runtime import progress
+from sprite.contract import heartbeat
+from sprite.runtime import beats as progress
 
 
 class Tiny(L.LightningModule):

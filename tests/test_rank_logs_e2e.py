@@ -83,7 +83,7 @@ def test_follower_forwards_signals_and_passes_the_exit_code(tmp_path):
     marker = tmp_path / "got-term"
     child = (f"trap 'echo TERM > {marker}; exit 7' TERM; echo 'rank 0 up' > {tmp_path}/rank0.log; "
              "while true; do sleep 0.1; done")
-    proc = subprocess.Popen([sys.executable, "-m", "sprite.ranklog", "--dir", str(tmp_path), "--ranks", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "sprite.launch.ranklog", "--dir", str(tmp_path), "--ranks", "0",
                              "--size", "1", "--", "bash", "-c", child], stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not (tmp_path / "rank0.log").exists() and time.monotonic() < deadline:

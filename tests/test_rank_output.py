@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sprite import allocation, cli, contract, plan, rank_output, ranklog, world
+from sprite import contract
+from sprite import schedulers
+from sprite.cli import app as cli
+from sprite.launch import plan
+from sprite.contract import rank_output
+from sprite.launch import ranklog
+from sprite.launch import world
 from sprite.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +32,7 @@ SCRIPT = str(REPO / "examples" / "train.py")
 def planned(flags: dict, environ: dict, run_env: dict | None = None) -> plan.LaunchPlan:
     """A plan as `sprite run` builds it, with a fixed interpreter name, port and root flag (so it is golden)."""
     job, site = plan.assemble({"script": SCRIPT, "master_port": 29500, **flags}, environ=environ)
-    launched = world.resolve(job, site, allocation.discover(environ, hostname="here"))
+    launched = world.resolve(job, site, schedulers.discover(environ, hostname="here"))
     ctx = plan.Context("PYTHON", dict(environ), False, lambda: 29500, run_env=run_env or {})
     return plan.build(job, site, launched, ctx)
 
@@ -80,7 +86,7 @@ def test_each_launcher_labels_with_its_own_option(allocations):
 def test_log_dir_uses_the_launchers_own_files_else_the_runtime(allocations, tmp_path):
     logs = str(tmp_path / "logs")
     srun = planned({"site": "perlmutter", "log_dir": logs, "ranks": "0"}, allocations["slurm"])
-    assert srun.argv[:9] == ["PYTHON", "-m", "sprite.ranklog", "--dir", logs, "--ranks", "0", "--size", "8"]
+    assert srun.argv[:9] == ["PYTHON", "-m", "sprite.launch.ranklog", "--dir", logs, "--ranks", "0", "--size", "8"]
     assert f"--output={logs}/rank%t.log" in srun.argv and contract.LOG_DIR not in srun.env
     hydra = planned({"launcher": "mpiexec", "devices": 2, "log_dir": logs}, {})
     assert hydra.argv[hydra.argv.index("-outfile-pattern") + 1] == f"{logs}/rank%r.log"

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from sprite import contract, heartbeat, rundir
+from sprite import contract
+from sprite.contract import heartbeat
+from sprite.recovery import rundir
 from sprite.errors import UsageError
-from sprite.heartbeat import Beat
+from sprite.contract.heartbeat import Beat
 from sprite.recovery import attempt, classify, entry
 
 SLURM = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "nid[001-003]", "SLURM_NTASKS_PER_NODE": "2"}
@@ -107,7 +109,8 @@ def test_a_launcher_that_says_0_for_an_unfinished_rank_fails_the_attempt(tmp_pat
 
 
 def test_a_requeued_slurm_job_is_recorded_as_such(script, tmp_path):
-    from sprite import audit, schedulers
+    from sprite import schedulers
+    from sprite.integrity import audit
 
     assert schedulers.get("slurm").restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
     assert schedulers.get("pbs").restart_count({"SLURM_RESTART_COUNT": "2"}) == 0

@@ -133,7 +133,7 @@ def test_a_killed_rank_is_relaunched_and_the_audit_verifies(sprite_cmd, clean_en
     assert records[-1]["kind"] == "completion" and records[-1]["status"] == "succeeded"
     assert records[-1]["device_hours"] == pytest.approx(sum(e["device_hours"] for e in ends), abs=1e-5)
     assert sprite.left_running() == []
-    resumed = [r for r in records if r["kind"] == "resume"]  # written by rank 0 of attempt 2 (sprite.runtime.resume)
+    resumed = [r for r in records if r["kind"] == "resume"]  # written by rank 0 of attempt 2 (sprite.runtime.ckpt.resume)
     assert len(resumed) == 1 and resumed[0]["step"] == 4 and resumed[0]["seq"] > starts[1]["seq"]
     beats = json.loads((run_dir / "heartbeat" / "attempt-2" / "rank1.json").read_text())
     assert (beats["first_step"], beats["step"], beats["phase"]) == (4, 8, "done")  # it went on from step 4

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from sprite.errors import UsageError
-from sprite.runtime import resume, rng_state
+from sprite.runtime.ckpt import resume
+from sprite.runtime.ckpt import rng_state
 
 
 def _trainer(tmp_path, **kwargs):
@@ -140,7 +141,7 @@ class _Connector:
 
 
 def test_a_sharded_checkpoint_loads_while_its_shard_files_are_hashed(tmp_path, monkeypatch):
-    from sprite.runtime import shared_verify
+    from sprite.runtime.ckpt import shared_verify
 
     folder = _sealed_folder(tmp_path / "epoch=0-step=6.ckpt", 6)
     hashing_during_load = []

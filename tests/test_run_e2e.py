@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sprite import rendezvous
+from sprite.launch import rendezvous
 
 ENV_DUMP = """
 import json, os, sys

@@ -1,4 +1,4 @@
-"""`sprite runs` and `sprite runs verify` on audit trails written through sprite.audit (no training needed)."""
+"""`sprite runs` and `sprite runs verify` on audit trails written through sprite.integrity.audit (no training needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sprite import audit, cli_runs, rundir
+from sprite.integrity import audit
+from sprite.cli import runs as cli_runs
+from sprite.recovery import rundir
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
 from sprite.recovery import summary
@@ -88,7 +90,7 @@ def test_the_commands_exit_codes_and_import_no_torch(tmp_path):
     (edited / rundir.AUDIT).write_text(text)
     probe = f"""
 import json, sys
-from sprite import cli
+from sprite.cli import app as cli
 codes = []
 for argv in (["runs", {str(tmp_path)!r}, "--json"], ["runs", "verify", {str(run)!r}],
              ["runs", "verify", {str(edited)!r}], ["runs", "verify"]):

@@ -17,11 +17,19 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from sprite import jobscript, plan, sites, spec, yamldoc
+from sprite.jobs import script as jobscript
+from sprite.launch import plan
+from sprite.spec import sites
+from sprite.spec import job as spec
+from sprite.spec import yamldoc
 from sprite.errors import UsageError
-from sprite.runtime import batch_digest, config, findings, loaders, trainer_wrap, world_block
-from sprite.runtime.batch_math import BatchFacts, batch_lines, repeated_samples
-from sprite.runtime.fit_checks import FitChecks
+from sprite.runtime import config, trainer_wrap
+from sprite.runtime.checks import batch_digest
+from sprite.runtime.checks import findings
+from sprite.runtime.checks import loaders
+from sprite.runtime.checks import world_block
+from sprite.runtime.checks.batch_math import BatchFacts, batch_lines, repeated_samples
+from sprite.runtime.checks.fit import FitChecks
 from sprite.runtime.fsdp2 import FSDP2Strategy
 
 LAUNCH = {"SPRITE_ACCELERATOR": "cpu", "SPRITE_STRATEGY": "auto", "SPRITE_PRECISION": "auto", "SPRITE_NUM_NODES": "1",

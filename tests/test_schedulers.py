@@ -10,8 +10,10 @@ from importlib import resources
 
 import pytest
 
-from sprite import scheduler_values, schedulers, submit
-from sprite.allocation import Allocation
+from sprite import schedulers
+from sprite.values import scheduler as scheduler_values
+from sprite.jobs import submit
+from sprite.schedulers.allocation import Allocation
 from sprite.schedulers.base import Scheduler
 
 

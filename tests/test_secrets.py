@@ -23,10 +23,13 @@ import pytest
 import yaml
 
 from slurm_cluster import slurm  # noqa: F401  (fixture)
-from sprite import cli, owner_only, secret_env, submit
+from sprite.cli import app as cli
+from sprite.integrity import owner_only
+from sprite.spec import secrets as secret_env
+from sprite.jobs import submit
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
-from sprite.plan import plan_run
+from sprite.launch.plan import plan_run
 
 PROBE = str(Path(__file__).parent / "scripts" / "secret_probe.py")
 VALUE = "tok-" + stdlib_secrets.token_hex(16)  # fresh per session: it can only be found where sprite put it
@@ -180,7 +183,7 @@ def test_owner_only_outputs_whatever_the_umask(tmp_path):
             log.write(b"one\n")
         with owner_only.open_log(tmp_path / "theirs" / "a" / "run.log") as log:
             log.write(b"two\n")
-        ranks = subprocess.run([sys.executable, "-m", "sprite.supervisor", "--nproc", "2", "--log-dir",
+        ranks = subprocess.run([sys.executable, "-m", "sprite.launch.supervisor", "--nproc", "2", "--log-dir",
                                 str(tmp_path / "logs" / "x"), "--", sys.executable, "-c", "print('hi')"],
                                capture_output=True, text=True, timeout=120)
     finally:
@@ -197,8 +200,9 @@ def test_owner_only_outputs_whatever_the_umask(tmp_path):
 
 
 def test_parity_results_are_owner_only_whatever_the_umask(clean_env, tmp_path):
-    from sprite.parity import report, store
-    from sprite.parity.runner import claim_dir
+    from sprite.parity import store
+    from sprite.parity.check import report
+    from sprite.parity.check.runner import claim_dir
     from sprite.parity.settings import Settings
 
     out = tmp_path / "runs" / "fp32"

@@ -1,4 +1,4 @@
-"""Verification spread over ranks (sprite/runtime/shared_verify.py): rank 0 checks the listing, every rank
+"""Verification spread over ranks (sprite/runtime/ckpt/shared_verify.py): rank 0 checks the listing, every rank
 hashes its share, and every rank gets the same verdict. Two real gloo processes; the shares are checked alone."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from sprite import integrity
-from sprite.runtime import shared_verify
+from sprite.runtime.ckpt import shared_verify
 
 
 def _sealed(folder, names):
@@ -42,7 +42,7 @@ def _rank(rank: int, world: int, port: int, folder: str, out: str) -> None:
 
     import torch.distributed as dist
 
-    from sprite.runtime import shared_verify
+    from sprite.runtime.ckpt import shared_verify
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     verdict = shared_verify.verify(shared_verify.DefaultGroup(), folder)
@@ -57,7 +57,7 @@ def test_two_ranks_agree_on_a_verdict_only_one_of_them_could_see(tmp_path):
 
     import torch.multiprocessing as mp
 
-    from sprite.rendezvous import free_port
+    from sprite.launch.rendezvous import free_port
 
     folder = _sealed(tmp_path / "ckpt", ["a.distcp", "b.distcp"])
     results = []

@@ -6,8 +6,8 @@ from __future__ import annotations
 from importlib import resources
 import pytest
 
-from sprite import sites
-from sprite.plan import plan_run
+from sprite.spec import sites
+from sprite.launch.plan import plan_run
 
 ONECCL_MINIMAL = {"CCL_PROCESS_LAUNCHER": "pmix", "CCL_ATL_TRANSPORT": "mpi", "CCL_KVS_MODE": "mpi",
                   "FI_MR_CACHE_MONITOR": "userfaultfd"}

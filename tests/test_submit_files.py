@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from slurm_cluster import slurm  # noqa: F401  (fixture)
-from sprite import clients, jobfiles, submit
+from sprite.jobs import clients
+from sprite.jobs import files as jobfiles
+from sprite.jobs import submit
 from sprite.errors import SpriteError, UsageError, report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +116,7 @@ def test_every_pbs_submission_gets_its_own_script_and_log(tmp_path, fake_bin):
     assert [Path(p.script_path).name for p in done] == ["train-1.pbs", "train-2.pbs"]
     assert [Path(p.log_path).name for p in done] == ["train-1.log", "train-2.log"]
     assert f"#PBS -o {done[1].log_path}\n" in Path(done[1].script_path).read_text()
-    assert stat.S_IMODE(os.stat(done[0].script_path).st_mode) == 0o600  # owner-only (sprite.owner_only)
+    assert stat.S_IMODE(os.stat(done[0].script_path).st_mode) == 0o600  # owner-only (sprite.integrity.owner_only)
 
 
 @pytest.mark.parametrize("output_dir, fragment", [

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sprite import submit
+from sprite.jobs import submit
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = Path(__file__).parent / "fakes" / "pals_mpiexec"

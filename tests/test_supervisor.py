@@ -34,7 +34,7 @@ def start(tmp_path: Path, nproc: int, **env) -> subprocess.Popen:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     full_env = {**os.environ, "WORLD_SIZE": str(nproc), **env}
-    cmd = [sys.executable, "-m", "sprite.supervisor", "--nproc", str(nproc), "--log-dir", str(tmp_path / "logs"),
+    cmd = [sys.executable, "-m", "sprite.launch.supervisor", "--nproc", str(nproc), "--log-dir", str(tmp_path / "logs"),
            "--", sys.executable, str(script), str(tmp_path)]
     return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -117,7 +117,7 @@ def test_usr1_and_usr2_reach_every_rank_which_keeps_running(tmp_path):
 def test_console_filter_keeps_every_rank_in_its_log(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    cmd = [sys.executable, "-m", "sprite.supervisor", "--nproc", "3", "--ranks", "1", "--log-dir",
+    cmd = [sys.executable, "-m", "sprite.launch.supervisor", "--nproc", "3", "--ranks", "1", "--log-dir",
            str(tmp_path / "logs"), "--", sys.executable, str(script), str(tmp_path)]
     done = subprocess.run(cmd, env={**os.environ, "WORLD_SIZE": "3"}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

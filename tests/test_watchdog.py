@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from sprite import heartbeat
-from sprite.heartbeat import Beat
+from sprite.contract import heartbeat
+from sprite.contract.heartbeat import Beat
 from sprite.recovery.watchdog import Limits, Watch, heartbeat_seconds, ranges, summarize, suspects
 
 

@@ -1,4 +1,4 @@
-"""The one YAML loading path (sprite/yamldoc.py): bounded, strict, text as written, every key's line kept."""
+"""The one YAML loading path (sprite/spec/yamldoc.py): bounded, strict, text as written, every key's line kept."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from sprite import yamldoc
+from sprite.spec import yamldoc
 from sprite.errors import SpecError, UsageError
 
 

@@ -7,9 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-from sprite import contract, execute, heartbeat, rundir
+from sprite import contract
+from sprite.launch import execute
+from sprite.contract import heartbeat
+from sprite.recovery import rundir
 from sprite.errors import EXIT_PREEMPTED, EXIT_STALLED, SpriteError, report
-from sprite.plan import LaunchPlan
+from sprite.launch.plan import LaunchPlan
 from sprite.recovery import child, classify, policy
 from sprite.recovery.session import Run
 from sprite.recovery.watchdog import Stall, Watch, heartbeat_seconds, summarize

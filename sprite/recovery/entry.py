@@ -9,10 +9,13 @@ import sys
 import time
 from typing import Mapping
 
-from sprite import allocation, audit, contract, execute, rundir, schedulers
+from sprite import contract, schedulers
+from sprite.integrity import audit
+from sprite.launch import execute
+from sprite.recovery import rundir
 from sprite.errors import UsageError
-from sprite import plan as planning
-from sprite.plan import LaunchPlan
+from sprite.launch import plan as planning
+from sprite.launch.plan import LaunchPlan
 from sprite.recovery import requeue, summary
 from sprite.recovery.loop import run_attempts
 from sprite.recovery.session import Run, limits_of, said_never
@@ -27,7 +30,7 @@ def prepare(flags: dict, spec_file: str | None, run_dir: str | None, environ: Ma
     if taken:
         raise UsageError(f"{', '.join(taken)} cannot be set with --env or env:.", "sprite run sets it for every run.",
                          "Use --run-dir DIR to choose the run folder.")
-    job_id = allocation.discover(environ, hostname=socket.gethostname()).job_id
+    job_id = schedulers.discover(environ, hostname=socket.gethostname()).job_id
     run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
               said_never(flags, spec_file), allow_literal_secrets, requeue=job.requeue)
     return run, run.plan(1, flags)

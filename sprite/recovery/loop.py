@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from sprite.plan import LaunchPlan
+from sprite.launch.plan import LaunchPlan
 from sprite.recovery import attempt, child, policy
 from sprite.recovery.session import Run
 

@@ -6,11 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from sprite import audit, contract, rundir, yamldoc
-from sprite import spec as specmod
-from sprite import plan as planning
+from sprite import contract
+from sprite.integrity import audit
+from sprite.recovery import rundir
+from sprite.spec import yamldoc
+from sprite.spec import job as specmod
+from sprite.launch import plan as planning
 from sprite.errors import UsageError
-from sprite.plan import LaunchPlan
+from sprite.launch.plan import LaunchPlan
 from sprite.recovery.watchdog import Limits, heartbeat_seconds
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import hostlist
 
-from sprite import heartbeat
-from sprite.heartbeat import Beat
+from sprite.contract import heartbeat
+from sprite.contract.heartbeat import Beat
 
 _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training step",
                heartbeat.VALIDATION: "in validation", heartbeat.SAVE: "in checkpoint save",

@@ -32,7 +32,10 @@ def run(argv: list[str]) -> None:
     from sprite.runtime import preempt_signal
 
     preempting = preempt_signal.install(os.environ)  # first: the signal may come during the imports below
-    from sprite.runtime import ckpt_seal, config, preempt, pytorch_lightning_guard, registry, resume, rng_state
+    from sprite.runtime import config, preempt, pytorch_lightning_guard, registry
+    from sprite.runtime.ckpt import seal as ckpt_seal
+    from sprite.runtime.ckpt import resume
+    from sprite.runtime.ckpt import rng_state
     from sprite.runtime import trainer_wrap
 
     cfg = config.from_env(os.environ)
@@ -66,7 +69,9 @@ def _run_script(script: str, launched: bool) -> None:
     for the background checkpoint work (durable.py), say so to the watchdog and end every rank together
     (finish.py); stopped for preemption, wait for that work too and exit 75 (preempt.py);
     failing, leave the process group at once (finish.abandon) so the rank exits with its own code."""
-    from sprite.runtime import durable, finish, preempt, progress
+    from sprite.runtime import finish, preempt
+    from sprite.runtime.ckpt import durable
+    from sprite.runtime import beats as progress
 
     try:
         runpy.run_path(script, run_name="__main__")
@@ -93,7 +98,7 @@ def _run_script(script: str, launched: bool) -> None:
 
 def _start_heartbeat(cfg) -> None:
     """Report progress to sprite's stall watchdog when the launch asked for it (SPRITE_RUN_DIR set)."""
-    from sprite.runtime import progress
+    from sprite.runtime import beats as progress
     from sprite.runtime.ranks import resolve_ranks
 
     try:

@@ -10,7 +10,7 @@ import gc
 import os
 import sys
 
-from sprite import audit as audit_trail
+from sprite.integrity import audit as audit_trail
 from sprite import contract
 
 AUDIT_NAME = "audit.jsonl"

@@ -23,7 +23,7 @@ class RuntimeConfig:
     devices: int  # ranks per node
     world_size: int
     launcher: Optional[str]  # a launcher flavour, None for a process nobody launched
-    checks: str = "on"  # on | off | strict: the fit-start contract checks (sprite/runtime/fit_checks.py)
+    checks: str = "on"  # on | off | strict: the fit-start contract checks (sprite/runtime/checks/fit.py)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

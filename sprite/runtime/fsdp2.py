@@ -28,7 +28,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from sprite.errors import UsageError
-from sprite.runtime import fsdp2_load
+from sprite.runtime.ckpt import fsdp2_load
 from sprite.runtime.devices import backend_for
 from sprite.runtime.shard import block_classes, shard_model
 

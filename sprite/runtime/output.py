@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from sprite import contract, owner_only, rank_output
-from sprite.runtime.ranks import FLAVOURS, _read, detect_flavour
+from sprite import contract
+from sprite.integrity import owner_only
+from sprite.contract import rank_output
+from sprite.runtime.ranks import FLAVOURS, read_rank_var, detect_flavour
 
 
 class Output:
@@ -84,13 +86,13 @@ def install(environ: Mapping[str, str] = os.environ) -> Output | None:
         return None
     flavour = detect_flavour(environ) or "local"
     names = FLAVOURS.get(flavour, FLAVOURS["local"])
-    rank = _read(environ, names.rank, "rank", flavour)
-    size = _read(environ, names.world_size, "world size", flavour)
+    rank = read_rank_var(environ, names.rank, "rank", flavour)
+    size = read_rank_var(environ, names.world_size, "world size", flavour)
     console = not spec or rank in rank_output.members(spec, size)
     log = str(Path(log_dir) / f"rank{rank}.log") if log_dir else None
     if log_dir:
         owner_only.make_dirs(log_dir)  # a relaunch's DIR/attempt<N> is made by its ranks (0700)
-    # A new file, 0600 as every log sprite creates (sprite.owner_only), never through a symlink.
+    # A new file, 0600 as every log sprite creates (sprite.integrity.owner_only), never through a symlink.
     log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600) if log else None
     console_fd = None if console else os.dup(2)
     for stream in (sys.stdout, sys.stderr):

@@ -109,8 +109,9 @@ def install() -> None:
 def exit_preempted(err: Preempted) -> int:
     """After the script was stopped by :class:`Preempted`: mark the heartbeat, leave the process group with every
     rank (rank 0, the rendezvous store's host, last) and return the exit code."""
-    from sprite import heartbeat
-    from sprite.runtime import finish, progress
+    from sprite.contract import heartbeat
+    from sprite.runtime import finish
+    from sprite.runtime import beats as progress
 
     progress.finish(err.step, heartbeat.PREEMPTED)
     finish.finish()

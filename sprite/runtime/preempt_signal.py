@@ -6,7 +6,8 @@ from __future__ import annotations
 import signal
 from typing import Mapping, Optional
 
-from sprite import contract, preemption
+from sprite import contract
+from sprite.contract import preemption
 from sprite.errors import UsageError
 
 received: list[int] = []  # signal numbers this process received; read at step boundaries by preempt.py

@@ -56,7 +56,7 @@ class Ranks:
     node_rank: int
 
 
-def _read(env: Mapping[str, str], names: tuple[str, ...], what: str, flavour: str = "") -> Optional[int]:
+def read_rank_var(env: Mapping[str, str], names: tuple[str, ...], what: str, flavour: str = "") -> Optional[int]:
     """The one value all set ``names`` agree on; None when none is set, unless ``flavour`` requires one.
 
     Raises:
@@ -125,23 +125,23 @@ def resolve_ranks(env: Mapping[str, str], flavour: str, hostname: Optional[str] 
         raise UsageError(f"Unknown launcher {flavour!r}.", "sprite reads ranks only for the flavours it launches.",
                          f"Use one of: {', '.join(FLAVOURS)}.")
     spec = FLAVOURS[flavour]
-    rank = _read(env, spec.rank, "rank", flavour)
-    local = _read(env, spec.local_rank, "local rank", flavour)
-    world = _read(env, spec.world_size, "world size", flavour)
+    rank = read_rank_var(env, spec.rank, "rank", flavour)
+    local = read_rank_var(env, spec.local_rank, "local rank", flavour)
+    world = read_rank_var(env, spec.world_size, "world size", flavour)
     if not 0 <= rank < world or not 0 <= local <= rank:
         raise UsageError(
             f"Rank {rank} (local rank {local}) does not fit a world of {world} processes.",
             "WORLD_SIZE or SPRITE_WORLD_SIZE was left over from another launch.",
             "Unset it, or relaunch with `sprite run` so every rank gets the same world size.",
         )
-    per_node = _read(env, (contract.DEVICES, "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"), "ranks per node")
-    nodes = _read(env, (contract.NUM_NODES,), "node count") or 1
+    per_node = read_rank_var(env, (contract.DEVICES, "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"), "ranks per node")
+    nodes = read_rank_var(env, (contract.NUM_NODES,), "node count") or 1
     per_node = per_node or max(world // nodes, 1)
     hosts = [h for h in env.get(contract.HOSTS, "").split(",") if h.strip()]
     if hosts:
         node = node_from_hosts(hosts, hostname or socket.gethostname())
     else:
-        node = _read(env, spec.node, "node rank")
+        node = read_rank_var(env, spec.node, "node rank")
         node = rank // per_node if node is None else node
     if rank != node * per_node + local:
         raise UsageError(

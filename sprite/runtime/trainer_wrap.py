@@ -14,15 +14,15 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy, Strategy
 
 from sprite.errors import UsageError
-from sprite.runtime import strategy_check
+from sprite.runtime.checks import strategy as strategy_check
 from sprite.runtime.config import RuntimeConfig
 from sprite.runtime.ddp import XPUDDPStrategy
 from sprite.runtime.devices import DeviceType, device_type
 from sprite.runtime.environment import ENVIRONMENTS
-from sprite.runtime.fit_checks import FitChecks
+from sprite.runtime.checks.fit import FitChecks
 from sprite.runtime.kwargs import accelerator_for, make_strategy
 from sprite.runtime.precision import MIXED, XPUMixedPrecision, normalize_precision
-from sprite.runtime import progress
+from sprite.runtime import beats as progress
 
 
 def _as_list(given) -> list:

@@ -6,9 +6,10 @@ scheduler); ``get(name)`` the one a site profile or an Allocation names.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 from sprite.errors import UsageError, one_line, show
+from sprite.schedulers.allocation import Allocation, read_text
 from sprite.schedulers.base import Scheduler
 from sprite.schedulers.local import NoScheduler
 from sprite.schedulers.pbs import PBS
@@ -44,6 +45,12 @@ def get(name: str) -> Scheduler:
 def detect(environ: Mapping[str, str]) -> Scheduler:
     """The system whose job this process runs in (NONE outside any job)."""
     return next(s for s in REGISTRY.values() if s.detect(environ))
+
+
+def discover(environ: Mapping[str, str], read: Callable[[str], str] = read_text,
+             hostname: str = "localhost") -> Allocation:
+    """The allocation this process runs in: PBS first, then Slurm, else this machine alone."""
+    return detect(environ).allocation(environ, read, hostname)
 
 
 def detection_notes(environ: Mapping[str, str]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from typing import Callable, Mapping
 
-from sprite.allocation import Allocation
+from sprite.schedulers.allocation import Allocation
 from sprite.errors import UsageError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from sprite.allocation import Allocation
+from sprite.schedulers.allocation import Allocation
 from sprite.schedulers.base import Scheduler
 
 

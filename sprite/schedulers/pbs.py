@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from sprite import contract
-from sprite import scheduler_values as sv
-from sprite.allocation import Allocation, check_hosts, check_job_id
+from sprite.values import scheduler as sv
+from sprite.schedulers.allocation import Allocation, check_hosts, check_job_id
 from sprite.errors import UsageError, one_line
 from sprite.schedulers.base import Scheduler
 

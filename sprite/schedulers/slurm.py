@@ -9,9 +9,9 @@ from typing import Callable, Mapping
 
 import hostlist
 
-from sprite import scheduler_values as sv
-from sprite import values
-from sprite.allocation import Allocation, check_hosts, check_job_id, expand_hosts
+from sprite.values import scheduler as sv
+from sprite.values import grammar as values
+from sprite.schedulers.allocation import Allocation, check_hosts, check_job_id, expand_hosts
 from sprite.errors import UsageError, show
 from sprite.schedulers.base import Scheduler
 

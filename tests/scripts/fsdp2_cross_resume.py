@@ -4,7 +4,7 @@
 
 DIR is a copy of a check directory. sprite's FSDP2Strategy resumes each checkpoint into DIR/cross/<arm>; then
 Lightning's own ModelParallelStrategy tries the 1-device one, and rank 0 writes what it raised to
-DIR/cross/lightning.txt (the evidence behind sprite.runtime.fsdp2_load).
+DIR/cross/lightning.txt (the evidence behind sprite.runtime.ckpt.fsdp2_load).
 """
 
 import json
@@ -14,10 +14,10 @@ import sys
 import lightning as L
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from sprite.parity.ckpt_fit import fit
-from sprite.parity.ckpt_module import CkptModule, FitPlan
-from sprite.parity.ckpt_roles import checkpoint
-from sprite.parity.ckpt_settings import CkptSettings
+from sprite.parity.ckpt.fit import fit
+from sprite.parity.ckpt.module import CkptModule, FitPlan
+from sprite.parity.ckpt.roles import checkpoint
+from sprite.parity.ckpt.settings import CkptSettings
 
 out = pathlib.Path(sys.argv[1])
 settings = CkptSettings.from_dict(json.loads((out / "run.json").read_text()))

@@ -1,0 +1,1 @@
+"""The harness of `sprite bench`: the sweep, its workers, statistics and report."""

@@ -1,0 +1,104 @@
+"""Launching the arms of `sprite bench`: sprite's arm through the plan `sprite run` executes, the baselines
+through the same plan built for torchrun with sprite's runtime taken out, repeats interleaved.
+
+Every launch of a repeat runs every sweep point, arms in an order that rotates from repeat to repeat, so a
+drift of the machine (clocks, other jobs) spreads over all arms instead of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import time
+from typing import Mapping
+
+from rich.console import Console
+
+from sprite.parity.bench import store as bench_store
+from sprite.parity.bench.settings import BenchSettings
+from sprite.parity.progress import ProgressBoard
+from sprite.launch.plan import LaunchPlan
+from sprite.integrity.writeonce import write_new
+
+SCRIPTS = {"sprite": "step.py", "lightning": "step.py", "raw": "raw.py"}
+
+
+def _flags(out: pathlib.Path, settings: BenchSettings, world: int, arm: str, repeat: int) -> dict:
+    nodes, devices = settings.placement(world)
+    env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if "OMP_NUM_THREADS" not in os.environ:  # every arm the same (torchrun alone would give 1, sprite cores/ranks)
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // devices))
+    return {
+        "script": str(pathlib.Path(__file__).with_name(SCRIPTS[arm])),
+        "args": ["--out", os.fspath(out), "--world", str(world), "--arm", arm, "--repeat", str(repeat)],
+        "nodes": nodes, "devices": devices, "strategy": settings.strategy, "precision": settings.precision,
+        "accelerator": settings.accelerator, "env": env,
+    }
+
+
+def without_sprite(plan: LaunchPlan) -> LaunchPlan:
+    """A torchrun plan whose ranks run the script itself instead of ``-m sprite.runtime SCRIPT``, with none of
+    sprite's SPRITE_* variables: torchrun (one agent per node, as sprite starts it) runs the plain script."""
+    argv = list(plan.argv)
+    at = next((i for i in range(1, len(argv)) if argv[i - 1:i + 1] == ["-m", "sprite.runtime"]), None)
+    if at is None:
+        raise ValueError(f"not a torchrun plan of sprite's runtime: {argv}")
+    del argv[at - 1:at + 1]
+    env = {key: value for key, value in plan.env.items() if not key.startswith("SPRITE_")}
+    return dataclasses.replace(plan, argv=argv, env=env)
+
+
+def plan_arm(out: pathlib.Path, settings: BenchSettings, world: int, arm: str, repeat: int,
+             environ: Mapping[str, str] = os.environ) -> LaunchPlan:
+    """The plan of one launch in the allocation ``environ`` describes. Raises UsageError when the world cannot
+    be launched there (e.g. more nodes than the allocation holds)."""
+    from sprite.launch.plan import plan_run
+
+    flags = _flags(out, settings, world, arm, repeat)
+    if arm == "sprite":
+        return plan_run(flags, environ)
+    return without_sprite(plan_run({**flags, "launcher": "torchrun"}, environ))
+
+
+def launches(settings: BenchSettings) -> list[tuple[int, int, str]]:
+    """(repeat, world, arm) of every launch in run order: repeats outermost, arms rotated per repeat."""
+    order = []
+    for repeat in range(settings.repeats):
+        shift = repeat % len(settings.arms)
+        arms = settings.arms[shift:] + settings.arms[:shift]
+        order += [(repeat, world, arm) for world in settings.sweep for arm in arms]
+    return order
+
+
+def check_plans(out: pathlib.Path, settings: BenchSettings) -> None:
+    """Plans every (world, arm) once before anything runs. Raises UsageError for one that cannot run here."""
+    for world in settings.sweep:
+        for arm in settings.arms:
+            plan_arm(out, settings, world, arm, 0)
+
+
+def run_all(out: pathlib.Path, settings: BenchSettings, console: Console) -> list[dict]:
+    """Runs every launch to completion (a failed one does not stop the rest); returns one entry per launch.
+
+    Progress, as for `sprite parity`: each launch's state and elapsed time, and an estimate of what is left
+    (launches of the same world take about as long as each other)."""
+    from sprite.launch.execute import run_plan
+
+    order, results = launches(settings), []
+    names = {entry: f"world {entry[1]} {entry[2]} #{entry[0] + 1}" for entry in order}
+    items = [(names[entry], f"{entry[1]} process{'es' if entry[1] > 1 else ''}") for entry in order]
+    with ProgressBoard(console, items, "bench launches") as board:
+        for entry in order:
+            repeat, world, arm = entry
+            log = bench_store.log_path(out, world, arm, repeat)
+            bench_store.make_dir(log.parent)
+            write_new(log, b"")  # 0600, and never a log of an earlier run
+            board.start(names[entry])
+            start = time.monotonic()
+            code = run_plan(plan_arm(out, settings, world, arm, repeat), log_path=log)
+            seconds = time.monotonic() - start
+            board.finish(names[entry], code == 0, "" if code == 0 else f"exit code {code}, see {log}")
+            results.append({"repeat": repeat, "world": world, "arm": arm, "exit_code": code, "seconds": seconds,
+                            "log": os.fspath(log.relative_to(out))})
+    return results

@@ -1,0 +1,1 @@
+"""The harness of `sprite parity`: arms, recording, the criterion's checks and the report."""

@@ -1,0 +1,111 @@
+"""Runs a parity check: claim a fresh DIR, launch every arm (then the negative controls) one after another."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from rich.console import Console
+
+from sprite.integrity import owner_only
+from sprite.integrity import IntegrityError
+from sprite.errors import UsageError, one_line
+from sprite.parity.check import faults
+from sprite.parity.launch import launch_arm
+from sprite.parity.progress import ProgressBoard
+from sprite.parity.settings import SINGLE_ARMS, Settings, arm_world
+from sprite.parity.store import ResultError, write_new
+
+
+def claim_dir(out: pathlib.Path, settings: Settings) -> None:
+    """Creates ``out`` and writes run.json.
+
+    Raises UsageError if ``out`` already holds anything, or if the distributed arms cannot be planned here
+    (e.g. --nodes 2 outside an allocation): checked before anything is written.
+    """
+    from sprite.launch.plan import plan_run
+
+    from sprite.parity.launch import arm_overrides
+
+    plan_run(arm_overrides(out, "ddp", None, settings))
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} is not empty; refusing to run into it.",
+                         "It holds an earlier run (arms never overwrite results).",
+                         f"Pass a fresh directory, or recompute the old verdict with `sprite parity compare {out}`.")
+    try:
+        owner_only.make_dirs(out)  # 0700: results and logs inside are for their owner only
+    except (OSError, IntegrityError) as err:  # a file where a folder of the path should be, a read-only file system
+        raise UsageError(f"--out {one_line(str(out), 300)} cannot be made ({getattr(err, 'strerror', None) or err}).",
+                         "A part of the path is a file, or the folder above it is not writable.",
+                         "Pass a fresh directory under a folder you can write to.") from None
+    write_new(out / "run.json", settings.to_json().encode())
+
+
+def _label(arm: str, fault: str | None) -> str:
+    return f"fault_{fault}/{arm}" if fault else arm
+
+
+def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threads: int = 0) -> int:
+    """Runs one arm; returns its exit code. Raises ResultError when it ran past settings.time_limit."""
+    label = _label(arm, fault)
+    log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
+    board.start(label)
+    wall = time.time()
+    code = launch_arm(out, arm, fault, settings, log, threads, settings.time_limit)
+    stamps[label] = (wall, time.time())
+    if code is None:  # a hung arm ends the check instead of hanging it
+        board.finish(label, False, f"not executed: timed out after {settings.time_limit:g} s")
+        raise ResultError(f"Arm {label} not executed: timed out after {settings.time_limit:g} s.",
+                          "It hung or runs slower than the limit (see its log); the check stopped there.",
+                          f"Read {log}; for a slow machine or a large model raise --time-limit.")
+    board.finish(label, code == 0, "" if code == 0 else f"exit code {code}, see {log}")
+    return code
+
+
+def _items(settings: Settings, cases: list) -> list[tuple[str, str]]:
+    def kind(arm: str) -> str:
+        world = arm_world(arm, settings)
+        return f"{world} process{'es' if world > 1 else ''}"
+    return [(arm, kind(arm)) for arm in settings.arms] + [(_label(a, f), kind(a)) for f, a in cases]
+
+
+def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[str, float]:
+    """Launches the clean arms, then every fault case, showing their progress on ``console``; returns wall
+    seconds per phase, and under "launches" each arm's (start, end) wall-clock stamps.
+
+    The one-process arms run two at a time (independent processes, so their results do not change); the
+    distributed arms run one after another. Raises ResultError when a clean arm fails (nothing can be compared
+    without it) or any arm runs past settings.time_limit seconds. A failed fault case is left for the comparison,
+    which reports it as not executed.
+    """
+    cases = faults.cases(settings.faults)
+    with ProgressBoard(console, _items(settings, cases), "parity arms") as board:
+        return _run(out, settings, board, cases)
+
+
+def _run(out, settings, board, cases) -> dict:
+    times, stamps = {}, {}
+    start = time.monotonic()
+    # Two one-process arms share the CPU: each gets half the cores, as Lightning gives each of two local ranks
+    # (16-core H200 host, 2026-11-29: 16 OpenMP threads each made a 0.5B-shape arm ~20x slower).
+    threads = max(1, (os.cpu_count() or 2) // 2)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        single = {arm: pool.submit(_launch, out, arm, None, settings, board, stamps, threads)
+                  for arm in settings.arms if arm in SINGLE_ARMS}
+        codes = {arm: future.result() for arm, future in single.items()}
+    for arm in settings.arms:
+        if arm not in codes:
+            codes[arm] = _launch(out, arm, None, settings, board, stamps)
+        if codes[arm] != 0:
+            raise ResultError(f"Arm {arm} failed, so the run has no verdict.",
+                              "The arm's processes exited non-zero (its log names the error).",
+                              f"Read {out / 'logs' / (arm + '.log')}, fix the cause, and run into a fresh --out.")
+    times["clean_arms_s"] = time.monotonic() - start
+    start = time.monotonic()
+    for fault, arm in cases:
+        _launch(out, arm, fault, settings, board, stamps)
+    times["fault_arms_s"] = time.monotonic() - start
+    times["launches"] = stamps
+    return times

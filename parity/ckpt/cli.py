@@ -1,0 +1,136 @@
+"""`sprite ckpt-check`: does a resumed run continue the run it resumes? Mount ``app`` as `sprite ckpt-check`.
+
+Imports nothing heavy at module import (no torch, lightning or transformers): `sprite --help` stays instant.
+Exit codes: 0 pass, 1 fail (a required check failed, a fault was not rejected, a role was not executed, a
+result or checkpoint was altered), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import sys
+from typing import Optional
+
+import typer
+
+from sprite.errors import EXIT_OK, SpriteError, UsageError, report
+
+app = typer.Typer(
+    name="ckpt-check", invoke_without_command=True, no_args_is_help=False, add_completion=False,
+    help="Kill a fit after its epoch-1 checkpoint, resume and reload it, for 1 device, DDP and FSDP2 (sharded and"
+         " full-state checkpoints), with a reshard at half the world size, an export to 1 device and 12 injected"
+         " faults; the restored state must equal the saved state bit for bit.",
+)
+
+
+def _fail(err: SpriteError) -> None:
+    print(report(err), file=sys.stderr, flush=True)
+    raise typer.Exit(err.exit_code)
+
+
+def _finish(report: dict) -> None:
+    from sprite.parity.ckpt.report import show
+
+    show(report)
+    raise typer.Exit(EXIT_OK if report["verdict"] == "pass" else 1)
+
+
+def settings_from(precision: str, devices: int, nodes: int, model: str, accelerator: str, time_limit: int,
+                  slots: int = 2):
+    """The check's settings. Raises UsageError for any option the check cannot run with."""
+    from sprite.parity.ckpt.settings import CkptSettings
+    from sprite.parity.usage import check_common
+
+    model = check_common("ckpt-check", precision, accelerator, model,
+                         "The check runs the recipe in FP32 or under BF16 autocast.")
+    world = devices * nodes
+    if devices < 1 or nodes < 1 or world < 2 or (devices % 2 and nodes % 2):
+        raise UsageError(f"--devices {devices} --nodes {nodes} gives {world} rank(s).",
+                         "The check resumes the sharded checkpoint at half the world size, so it needs an even"
+                         " number of devices or of nodes, and at least 2 ranks.", "Pass --devices 2 (or 4, ...).")
+    if time_limit < 1:
+        raise UsageError(f"--time-limit {time_limit} is not a positive number of seconds.", "",
+                         "Pass the seconds one launch may take, e.g. --time-limit 1800.")
+    if slots < 2:
+        raise UsageError(f"--slots {slots} is fewer than 2.", "A distributed launch takes two slots.",
+                         "Pass --slots 2 (the default) or more.")
+    return CkptSettings(precision=precision, devices=devices, nodes=nodes, model=model, accelerator=accelerator,
+                        time_limit=time_limit, slots=slots)
+
+
+def _interruptible(run, *args):
+    """``run(*args)``, with SIGTERM treated as Ctrl-C: either stops the running launches (and everything they
+    started) before the check exits with 130."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return run(*args)
+    except KeyboardInterrupt:
+        print("sprite: ckpt-check interrupted; the running launches were stopped.", file=sys.stderr, flush=True)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@app.callback()
+def ckpt_check(
+    ctx: typer.Context,
+    devices: int = typer.Option(2, help="Ranks per node for the ddp and fsdp arms."),
+    nodes: int = typer.Option(1, help="Nodes for the ddp and fsdp arms."),
+    out: Optional[pathlib.Path] = typer.Option(None, help="A new directory for results, checkpoints and the report."),
+    precision: str = typer.Option("32-true", help="32-true or bf16-mixed."),
+    model: str = typer.Option("tiny", help="tiny, qwen2.5-0.5b-shape, or a local checkpoint directory."),
+    accelerator: str = typer.Option("auto", help="auto, cpu, cuda or xpu."),
+    time_limit: int = typer.Option(1800, help="Seconds one launch may run; a launch still running then ends the"
+                                              " check as not executed."),
+    slots: int = typer.Option(2, help="Launch slots: a one-process launch takes one, a distributed launch two;"
+                                      " more runs independent launches side by side (e.g. 6 on a GPU host)."),
+) -> None:
+    """Run every role, each in its own processes, then compare."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        if out is None:
+            raise UsageError("No --out directory given.", "Every check needs a new place for its results.",
+                             "Pass --out DIR (a directory that does not exist yet).")
+        settings = settings_from(precision, devices, nodes, model, accelerator, time_limit, slots)
+        from rich.console import Console
+
+        from sprite.parity.ckpt.compare import compare
+        from sprite.parity.ckpt.report import REPORT, write
+        from sprite.parity.ckpt.runner import claim_dir, run_launches
+
+        claim_dir(out, settings)
+        timing = _interruptible(run_launches, out, settings, Console())
+        Console().print(f"every launch ended in {timing['wall_s']:.1f} s; comparing")
+        report = {**compare(out), "wall_s": timing["wall_s"]}
+        write(out / REPORT, report)
+    except SpriteError as err:
+        _fail(err)
+    _finish(report)
+
+
+@app.command("compare")
+def compare_command(
+    directory: pathlib.Path = typer.Argument(..., help="The --out directory of a checkpoint check (or a copy)."),
+    report_path: Optional[pathlib.Path] = typer.Option(None, "--report",
+                                                       help="Also write the report to this new file."),
+) -> None:
+    """Recompute the verdict from the sealed results and checkpoints in DIR; an altered one fails it."""
+    try:
+        from sprite.parity.ckpt.compare import compare
+        from sprite.parity.ckpt.report import write
+
+        if report_path is not None and os.path.lexists(report_path):
+            raise UsageError(f"--report {report_path} exists already.", "Reports are never written over.",
+                             "Pass a new file name.")
+        report = compare(directory)
+        if report_path is not None:
+            write(report_path, report)
+    except SpriteError as err:
+        _fail(err)
+    _finish(report)

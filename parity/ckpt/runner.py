@@ -1,0 +1,145 @@
+"""Runs a checkpoint check: claim a fresh DIR, then every launch once the launches it reads from have finished.
+
+Launch slots (``--slots``, default 2): a one-process launch takes one, a distributed launch two, so by default
+one-process roles run two at a time (independent processes: their results do not change) as the parity runner's
+single-device arms do, and a distributed one alone; more slots run independent launches side by side. A
+launch that fails leaves its dependants skipped; a launch that runs past the time limit ends the check: the
+other running launch is stopped and nothing new starts. Each launch's outcome goes to DIR/launches/KEY.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from rich.console import Console
+
+from sprite import integrity
+from sprite.integrity import owner_only
+from sprite.errors import UsageError
+from sprite.parity.ckpt.launch import overrides
+from sprite.parity.ckpt.roles import Launch, launches, result_dir
+from sprite.parity.ckpt.settings import CkptSettings
+from sprite.parity.launch import launch
+from sprite.parity.progress import ProgressBoard
+
+WIDE = 2  # slots a distributed launch takes
+PRIORITY = {"killed": 0, "resume": 1, "reshard": 1, "export": 1, "reload": 2, "fit": 3, "twin": 3}
+
+
+def claim_dir(out: pathlib.Path, settings: CkptSettings) -> None:
+    """Creates ``out`` and writes run.json there, sealed.
+
+    Raises UsageError when ``out`` exists (a used --out is refused, even if empty) or the distributed launches
+    cannot be planned here (e.g. --nodes 2 outside an allocation): checked before anything is written.
+    """
+    from sprite.launch.plan import plan_run
+
+    distributed = next(item for item in launches(settings) if item.key == "ddp-fit")
+    plan_run(overrides(out, distributed, settings))
+    if os.path.lexists(out):
+        raise UsageError(f"--out {out} exists already; refusing to run into it.",
+                         "It holds an earlier check (results are never overwritten).",
+                         f"Pass a new directory, or recompute the old verdict with `sprite ckpt-check compare {out}`.")
+    owner_only.make_dirs(out.parent)
+    integrity.make_dir_new(out)
+    integrity.write_new(out / "run.json", settings.to_json().encode())
+    integrity.seal(out / "run.json", {"what": "sprite ckpt-check settings"})
+
+
+def _record(out: pathlib.Path, key: str, **outcome) -> None:
+    owner_only.make_dirs(out / "launches")
+    integrity.write_new(out / "launches" / f"{key}.json", json.dumps({"key": key, **outcome}, indent=1).encode())
+
+
+def board(pending: list[Launch], console: Console, limit_s: float) -> ProgressBoard:
+    """The progress display of `sprite parity` with a row per launch (its processes as its kind)."""
+    items = [(item.key, f"{item.processes} process{'es' if item.processes > 1 else ''}") for item in pending]
+    return ProgressBoard(console, items, f"ckpt-check launches (time limit {limit_s:g} s each)")
+
+
+def _one(out, item: Launch, settings, display, cancel, threads) -> tuple[str, int | None]:
+    display.start(item.key)
+    start, started = time.monotonic(), time.time()
+    try:
+        code = launch(overrides(out, item, settings, threads if item.processes == 1 else 0),
+                      out / "logs" / f"{item.key}.log", settings.time_limit, cancel)
+    except InterruptedError:
+        code = "cancelled"  # the check ended: another launch timed out, or Ctrl-C / SIGTERM
+    seconds = round(time.monotonic() - start, 1)
+    _record(out, item.key, exit_code=code if isinstance(code, int) else None, timed_out=code is None,
+            cancelled=code == "cancelled", limit_s=settings.time_limit, seconds=seconds, started=started,
+            ended=time.time())
+    # The killed fit ends by its own SIGKILL, after sealing its result: any exit code but 0, and a sealed result.
+    sealed = integrity.manifest_path(out / result_dir(item.arm, item.role)).is_file()
+    ok = isinstance(code, int) and ((code != 0 and sealed) if item.role == "killed" else code == 0)
+    note = ("" if ok else "not executed: timed out after {:g} s".format(settings.time_limit) if code is None
+            else "stopped: the check ended" if code == "cancelled" else f"exit code {code}")
+    display.finish(item.key, ok, note)
+    return ("ok" if ok else "timeout" if code is None else "failed"), code
+
+
+def _next(ready: list[Launch], free: int) -> list[Launch]:
+    """Launches to start now in ``free`` slots: a distributed one (two slots) while two slots are free and fewer
+    than two one-process ones wait, else one-process ones (one slot each)."""
+    singles = [item for item in ready if item.processes == 1]
+    wide = [item for item in ready if item.processes > 1]
+    picked = []
+    while free:
+        if wide and free >= WIDE and len(singles) < 2:
+            picked.append(wide.pop(0))
+            free -= WIDE
+        elif singles:
+            picked.append(singles.pop(0))
+            free -= 1
+        else:
+            break
+    return picked
+
+
+def run_launches(out: pathlib.Path, settings: CkptSettings, console: Console) -> dict:
+    """Runs every launch; returns ``{"wall_s": ..., "outcomes": {key: "ok"|"failed"|"timeout"|"skipped"}}``."""
+    pending = sorted(launches(settings), key=lambda item: PRIORITY[item.role])
+    outcomes, running, cancel = {}, {}, threading.Event()
+    threads = max(1, (os.cpu_count() or 2) // settings.slots)  # one-process launches share the cores
+    start = time.monotonic()
+    with board(pending, console, settings.time_limit) as display, ThreadPoolExecutor(settings.slots) as pool:
+        try:
+            _loop(out, settings, display, pool, pending, running, outcomes, cancel, threads)
+        except BaseException:  # Ctrl-C or SIGTERM: the launches still running stop with everything they started
+            cancel.set()
+            raise
+    return {"wall_s": round(time.monotonic() - start, 1), "outcomes": outcomes}
+
+
+def _skip(out, pending, outcomes, cancel, display) -> None:
+    """Takes out of ``pending`` every launch that can no longer run, recording why."""
+    for item in [i for i in pending if cancel.is_set() or any(outcomes.get(d, "ok") != "ok" for d in i.after)]:
+        pending.remove(item)
+        outcomes[item.key] = "skipped"
+        reason = "the check ended before it started" if cancel.is_set() else "a launch it needs failed"
+        _record(out, item.key, skipped=reason)
+        display.skip(item.key, reason)
+
+
+def _loop(out, settings, display, pool, pending, running, outcomes, cancel, threads) -> None:
+    """Starts launches as slots and their inputs allow, until every launch has an outcome."""
+    while pending or running:
+        _skip(out, pending, outcomes, cancel, display)
+        ready = [item for item in pending if all(d in outcomes for d in item.after)]
+        used = sum(WIDE if item.processes > 1 else 1 for item in running.values())
+        for item in _next(ready, settings.slots - used):
+            pending.remove(item)
+            running[pool.submit(_one, out, item, settings, display, cancel, threads)] = item
+        if running:
+            for future in wait(running, return_when=FIRST_COMPLETED).done:
+                status, _ = future.result()
+                outcomes[running.pop(future).key] = status
+                if status == "timeout":
+                    cancel.set()
+        elif pending:  # nothing can start (a cycle in the table): say so instead of spinning
+            raise RuntimeError(f"no launch can start: {[item.key for item in pending]}")

@@ -1,0 +1,216 @@
+"""The ``sprite`` command line. Planning commands here never import torch or lightning."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from sprite.cli.options import SECONDS, WHOLE, Accelerator, Launcher, MpiFlavour, Precision, Strategy, value, version
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line
+
+app = typer.Typer(
+    add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+    help="Launch PyTorch Lightning scripts on supercomputers and prove the distributed run is right.\n\n"
+         "Example: sprite run --devices 2 examples/train.py --max-steps 20",
+)
+
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", callback=version, is_eager=True,
+                                            help="Print sprite's version and exit.")) -> None:
+    """Launch PyTorch Lightning scripts on supercomputers and prove the distributed run is right."""
+
+
+RUN_HELP = """Start every rank of SCRIPT inside this PBS or Slurm allocation, or on this machine.
+
+sprite's options come before SCRIPT; everything after SCRIPT goes to the script unchanged.
+Each rank's lines carry its rank (the launcher's own label); --log-dir DIR keeps one file per rank;
+above 16 ranks the console shows rank 0 only (--ranks all shows every rank). Without a scheduler,
+--devices defaults to one rank per visible GPU, as Trainer(devices="auto"), and 1 on a CPU-only machine.
+
+\b
+Examples:
+  sprite run --devices 2 examples/train.py --max-steps 20     # 2 ranks on this machine
+  sprite run --nodes 2 --strategy fsdp --site aurora train.py # inside a PBS job on Aurora
+  sprite run --dry-run --json --devices 2 train.py            # print the plan, run nothing
+  sprite run --secret WANDB_API_KEY --devices 2 train.py      # a secret from this shell, never in argv
+"""
+
+
+@app.command(help=RUN_HELP, no_args_is_help=True,
+             context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def run(
+    script: Optional[str] = typer.Argument(None, help="training script (optional with --spec)"),
+    args: Optional[List[str]] = typer.Argument(None, help="arguments passed to the script"),
+    spec: Optional[str] = typer.Option(None, "--spec", help="job spec YAML; flags override it"),
+    site: Optional[str] = typer.Option(None, "--site", help="site profile: aurora, polaris, perlmutter, local or a path"),
+    nodes: Optional[str] = typer.Option(None, "--nodes", metavar=WHOLE,
+                                        help="nodes (Lightning num_nodes); default: the whole allocation"),
+    devices: Optional[str] = typer.Option(
+        None, "--devices", metavar=WHOLE, help="ranks per node; default: the allocation's, else the site's, else "
+        "(no scheduler) one per visible GPU as Trainer(devices=\"auto\") counts them, 1 on a CPU-only machine"),
+    accelerator: Optional[Accelerator] = typer.Option(None, "--accelerator", help="device type of every rank"),
+    strategy: Optional[Strategy] = typer.Option(None, "--strategy", help="auto keeps the script's own"),
+    precision: Optional[Precision] = typer.Option(None, "--precision", help="auto keeps the script's own"),
+    launcher: Optional[Launcher] = typer.Option(None, "--launcher", help="what starts the ranks"),
+    mpi: Optional[MpiFlavour] = typer.Option(None, "--mpi", help="mpiexec flavour"),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeat or comma list; "
+                                                "nid[001235,001237] stays one host list)"),
+    env: Optional[List[str]] = typer.Option(
+        None, "--env", help="NAME: pass this shell's NAME to every rank; NAME=VALUE: set it (repeatable). A value "
+        "on the command line can be read by every user of this machine (process table, shell history): prefer NAME"),
+    secret: Optional[List[str]] = typer.Option(
+        None, "--secret", help="NAME: a secret from this shell's environment, printed masked (repeatable)"),
+    allow_literal_secrets: bool = typer.Option(
+        False, "--allow-literal-secrets", help="accept a literal value for a secret (spec, site profile or --env)"),
+    master_port: Optional[str] = typer.Option(None, "--master-port", metavar=WHOLE,
+                                              help="rendezvous port; default: from the job id"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="new folder for this run's audit, heartbeats and "
+                                          "logs; default: a new one under ./sprite-runs/"),
+    stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", metavar=SECONDS, help="stop the run "
+                                                "(exit 124) when no rank advances for SECONDS"),
+    first_step_timeout: Optional[str] = typer.Option(None, "--first-step-timeout", metavar=SECONDS, help="allowance "
+                                                     "from launch to the end of the first step; default 10x "
+                                                     "--stall-timeout"),
+    save_timeout: Optional[str] = typer.Option(None, "--save-timeout", metavar=SECONDS, help="allowance for a "
+                                               "checkpoint save; default 2x --stall-timeout"),
+    retries: Optional[str] = typer.Option(None, "--retries", metavar=WHOLE,
+                                          help="relaunch up to N times after a failure"),
+    spare_nodes: Optional[str] = typer.Option(None, "--spare-nodes", metavar=WHOLE, help="keep K allocated nodes "
+                                              "out of the first launch, to replace a failed node"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
+                                         " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
+    preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
+                                                 "it the ranks checkpoint at the next step and exit 75"),
+    requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "
+                                 "system to run this job again (job scripts pass it)"),
+    no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
+    strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
+    cpu_bind: Optional[str] = typer.Option(None, "--cpu-bind", help="the launcher's --cpu-bind value (mpiexec, srun); "
+                                           "default: the site profile's"),
+    log_dir: Optional[str] = typer.Option(None, "--log-dir", help="write every rank's output to DIR/rank<N>.log "
+                                          "(a fresh folder)"),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="ranks shown on the console: 0, all or a list such as "
+                                        "0,3-5; default: all up to 16 ranks, else 0"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
+    json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
+) -> int:
+    from sprite.recovery import entry
+
+    if script and script.startswith("-"):  # unknown options land here (sprite's options end at SCRIPT)
+        raise UsageError(f"sprite run has no option {script}.", "sprite's options come before SCRIPT.",
+                         "See 'sprite run --help' for the options.")
+    if json_out and not dry_run:
+        raise UsageError("--json only changes what --dry-run prints.", "", "Add --dry-run, or drop --json.")
+    if no_checks and strict:
+        raise UsageError("--no-checks and --strict contradict each other.", "--strict turns the checks' warnings"
+                         " into errors; --no-checks turns the checks off.", "Give one of them.")
+    flags = {
+        "script": script, "args": list(args) if args else None, "nodes": nodes, "devices": devices,
+        "accelerator": value(accelerator), "strategy": value(strategy), "precision": value(precision),
+        "launcher": value(launcher), "mpi": value(mpi), "site": site, "exclude": list(exclude) if exclude else None,
+        "env": _env_pairs(env), "master_port": master_port, "pass_env": _env_names(env),
+        "secrets": list(secret) if secret else None, "resume": resume,
+        "checks": "off" if no_checks else ("strict" if strict else None), "cpu_bind": cpu_bind,
+        "log_dir": log_dir, "ranks": ranks,
+        "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
+        "retries": retries, "spare_nodes": spare_nodes,
+        "preempt_signal": preempt_signal, "requeue": True if requeue else None,
+    }
+    run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
+    for note in launch.notes:
+        print(f"sprite: {one_line(note)}", file=sys.stderr)
+    if dry_run:
+        typer.echo(launch.to_json() if json_out else launch.describe())
+        return 0
+    _before_launch(launch)
+    return entry.run_all(run_state, launch)
+
+
+def _before_launch(launch) -> None:
+    """Make the rank-log folder (refusing one with old logs) and tell the user where the ranks' output goes."""
+    from sprite.launch import ranklog
+
+    if launch.log_dir:
+        ranklog.prepare(launch.log_dir)
+    for note in launch.output_notes:
+        print(f"sprite: {note}", file=sys.stderr, flush=True)
+
+
+@app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"
+                         "Example: sprite env --json")
+def env_command(
+    site: Optional[str] = typer.Option(None, "--site", help="site profile to apply"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    from sprite.cli import envinfo
+
+    info = envinfo.detect(site)
+    typer.echo(envinfo.to_json(info) if json_out else envinfo.describe(info))
+
+
+def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
+    """The ``--env NAME=VALUE`` options as a mapping (``--env NAME`` ones are ``_env_names``)."""
+    pairs = {}
+    for value in values or ():
+        name, sep, val = value.partition("=")
+        if sep and not name:
+            raise UsageError("An --env option has a value but no NAME.", "",
+                             "Write it as --env NAME or --env NAME=VALUE.")
+        if sep:
+            pairs[name] = val
+    return pairs or None
+
+
+def _env_names(values: Optional[List[str]]) -> Optional[list]:
+    names = [value for value in values or () if "=" not in value]
+    return names or None
+
+
+def _mount_subcommands() -> None:
+    """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite.cli import runs as cli_runs
+    from sprite.cli.ckpt import app as ckpt_app
+    from sprite.cli.submit import register
+    from sprite.parity.bench.cli import app as bench_app
+    from sprite.parity.ckpt.cli import app as ckpt_check_app
+    from sprite.parity.check.cli import app as parity_app
+
+    register(app)
+    app.add_typer(parity_app, name="parity")
+    app.add_typer(ckpt_check_app, name="ckpt-check")
+    app.add_typer(ckpt_app, name="ckpt")
+    cli_runs.register(app)
+    app.add_typer(bench_app, name="bench")
+
+
+_mount_subcommands()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Console entry point: one line and exit 2 for bad input, never a traceback for a SpriteError."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except SpriteError as err:
+        exit_with(err)
+    except typer.Exit as err:
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        print("sprite: aborted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as err:  # typer's own parsing errors: unknown command, missing argument
+        _parse_error(err)
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+def _parse_error(err: typer.TyperException) -> None:
+    """Print a typer parsing error as one line (or the help, when no arguments were given) and exit 2."""
+    message = err.format_message()
+    if "\n" in message:  # a command given no arguments answers with its help text
+        print(message, file=sys.stderr)
+    else:
+        command = err.ctx.command_path if getattr(err, "ctx", None) else "sprite"
+        print(f"sprite: error: {one_line(message.rstrip('.'))}. See '{command} --help' for usage.", file=sys.stderr)
+    sys.exit(EXIT_USAGE)

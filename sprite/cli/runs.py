@@ -1,0 +1,123 @@
+"""``sprite runs [DIR] [--json]`` lists run folders; ``sprite runs verify RUN`` checks a run's audit trail.
+
+Torch-free: both read only ``audit.jsonl`` and ``run.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from sprite.integrity import audit
+from sprite.integrity import canonical
+from sprite.recovery import rundir
+from sprite.errors import UsageError
+from sprite.integrity import IntegrityError
+from sprite.recovery import summary
+
+HELP = """List the runs in DIR (default ./sprite-runs), or verify one run's audit trail.
+
+\b
+  sprite runs                      # status, attempts, resumes, device-hours of each run
+  sprite runs DIR --json
+  sprite runs verify RUN           # exit 0: trail intact; 1: edited or truncated, with the reason
+"""
+
+
+def _alive(info: dict) -> bool:
+    """Whether the sprite process named in run.json still runs (only knowable on its own host)."""
+    if info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+        return False
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def describe(run: Path) -> dict:
+    """One run's summary; an unreadable or edited trail gives status "damaged" and the reason."""
+    try:
+        result = summary.summarize(audit.read(run / rundir.AUDIT))
+    except (IntegrityError, OSError) as err:
+        return {"run_dir": str(run), "status": "damaged", "reason": str(err), "attempts": None, "resumes": None,
+                "device_hours": None, "node_hours": None, "started": ""}
+    if result["status"] == "incomplete" and _alive(_read_json(run / rundir.SUMMARY)):
+        result["status"] = "running"
+    return {**result, "run_dir": str(run)}
+
+
+def list_runs(parent: Path) -> list[dict]:
+    """Summaries of every run folder (a folder holding audit.jsonl) in ``parent``, oldest first.
+
+    Raises UsageError when ``parent`` is not a folder.
+    """
+    if not parent.is_dir():
+        raise UsageError(f"{parent} is not a folder.", "sprite run puts its runs in ./sprite-runs by default.",
+                         "Pass the folder that holds the run folders.")
+    runs = sorted(p for p in parent.iterdir() if (p / rundir.AUDIT).is_file() and not p.is_symlink())
+    return [describe(run) for run in runs]
+
+
+def verify(run: Path) -> str:
+    """``"N records"`` for an intact trail. Raises IntegrityError (exit 1) naming what is wrong, UsageError (exit 2)
+    when ``run`` holds no audit trail."""
+    trail = run / rundir.AUDIT if run.is_dir() else run
+    if not trail.is_file():
+        raise UsageError(f"{run} holds no audit trail ({rundir.AUDIT}).", "It is not a sprite run folder.",
+                         "Pass a folder that sprite run created (sprite runs lists them).")
+    ok, reason = audit.verify(trail)
+    if ok:
+        tail = _read_json(trail.parent / rundir.SUMMARY).get("audit_tail")
+        last = audit.read(trail)[-1][canonical.SELF] if tail else None
+        if tail and last != tail:
+            ok, reason = False, (f"the trail ends before its completion record (run.json names {tail[:12]}..., the "
+                                 f"last line is {str(last)[:12]}...): lines were removed from the end")
+    if not ok:
+        raise IntegrityError(f"The audit trail {trail} is not intact: {reason}.", "It was edited or truncated after"
+                             " sprite wrote it.", "Keep it as evidence; the run's record cannot be trusted.")
+    return reason
+
+
+def _table(rows: list[dict]) -> str:
+    head = ("run", "status", "attempts", "resumes", "device-hours", "started")
+    body = [(Path(r["run_dir"]).name, r["status"], str(r["attempts"] if r["attempts"] is not None else "-"),
+             str(r["resumes"] if r["resumes"] is not None else "-"),
+             f"{r['device_hours']:.4f}" if r["device_hours"] is not None else "-", r["started"][:19]) for r in rows]
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body])
+
+
+def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or: verify RUN"),
+         json_out: bool = typer.Option(False, "--json", help="print JSON")) -> int:
+    args = list(args or [])
+    if args[:1] == ["verify"]:
+        if len(args) != 2:
+            raise UsageError("sprite runs verify takes one run folder.", "", "Write: sprite runs verify RUN")
+        reason = verify(Path(args[1]))
+        typer.echo(json.dumps({"intact": True, "reason": reason}) if json_out else f"intact: {reason}")
+        return 0
+    if len(args) > 1:
+        raise UsageError("sprite runs takes at most one folder.", "",
+                         "Write: sprite runs [DIR] or sprite runs verify RUN")
+    rows = list_runs(Path(args[0] if args else rundir.DEFAULT_PARENT))
+    typer.echo(json.dumps(rows, indent=2) if json_out else _table(rows) if rows else "no runs")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("runs", help=HELP)(runs)

@@ -1,0 +1,148 @@
+"""Where the ranks' output goes: a label on every line, one log file per rank (``--log-dir``) and the console
+filter (``--ranks``), per launcher flavour. Pure: a table of each launcher's own options and the rules.
+
+Each launcher labels lines with its own option (checked against its documentation, cited in ``LABELS``).
+``--log-dir DIR`` writes ``DIR/rank<N>.log``: with the launcher's own per-rank output option where it has one
+(srun, MPICH Hydra); those send the ranks' output to the files instead of the console, so sprite's follower
+(``python -m sprite.launch.ranklog``) prints the console ranks' files as they grow, as torchrun's agent tails its log
+files. Elsewhere (PALS, Open MPI, torchrun) each rank tees its own output (``sprite.runtime.output``), and the
+local supervisor writes the files itself. Without ``--log-dir`` the console filter runs inside each rank.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sprite.errors import Complain, UsageError
+
+# Every rank on the console up to this many ranks; rank 0 alone beyond. 16 covers one whole node of every
+# shipped site (Aurora 12 tiles; Polaris and Perlmutter 4 GPUs, so up to 4 of their nodes), where a line that
+# every rank prints still fits on one screen; at 24 ranks (2 Aurora nodes) and up it no longer does.
+ALL_RANKS_UP_TO = 16
+RANKS_ALLOWED = "0, all, or a list of ranks such as 0,3,8-11"
+_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+
+# The launcher's own option that labels each output line with its rank.
+LABELS = {
+    # MPICH Hydra `mpiexec -prepend-rank -help`: "Prepend process rank to stdout and stderr" (prefix "[%r] ",
+    # pmodels/mpich src/pm/hydra mpiexec options; MPICH 5.0.2 here, seen 2026-11-29).
+    "hydra": ["-prepend-rank"],
+    # HPE PALS mpiexec: ALCF's Aurora guides launch with `mpiexec -l --line-buffer` (docs/aurora/data-science/
+    # profiling_dl.md, argonne-lcf/user-guides 7d04a3f, read 2026-11-29); --label is -l's long form, used
+    # as `mpiexec --label --line-buffer` in public PALS job scripts. --line-buffer keeps labelled lines whole.
+    "pals": ["--label", "--line-buffer"],
+    # Slurm srun(1), https://slurm.schedmd.com/srun.html: "-l, --label  Prepend task number to lines of
+    # stdout/err" (seen prefixing "0: " with Slurm 22.05 here).
+    "srun": ["--label"],
+    # Open MPI mpirun(1), docs.open-mpi.org v5.0.x: "--tag-output: Tag each line of output to stdout, stderr,
+    # and stddiag with [jobid, MCW_rank]<stdxxx>".
+    "openmpi": ["--tag-output"],
+}
+
+
+def log_file_options(flavour: str, log_dir: str) -> list[str]:
+    """The launcher's own options that write rank N's output to ``log_dir/rank<N>.log``; [] when it has none."""
+    pattern = f"{log_dir}/rank%{'t' if flavour == 'srun' else 'r'}.log"
+    if flavour == "srun":
+        # srun(1) IO redirection: "%t task identifier (rank) relative to current job. This will create a
+        # separate IO file per task"; stderr follows --output unless --error is given (seen with Slurm 22.05).
+        return [f"--output={pattern}"]
+    if flavour == "hydra":
+        # `mpiexec -outfile-pattern -help`: "%r: Process rank"; Hydra appends and needs DIR to exist (MPICH 5.0.2).
+        return ["-outfile-pattern", pattern, "-errfile-pattern", pattern]
+    return []
+
+
+def check_ranks(value: Any, complain: Complain) -> str:
+    """A console filter: "0", "all" or a list of ranks and ranges. Raises ``complain(...)`` otherwise."""
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    if text != "all" and not _LIST.fullmatch(text):
+        raise complain(f"{value!r} is not a set of ranks.", RANKS_ALLOWED)
+    for start, end in _ranges(text):
+        if end < start:
+            raise complain(f"{value!r} has the range {start}-{end}, which runs backwards.", RANKS_ALLOWED)
+    return text
+
+
+def _ranges(text: str) -> list[tuple[int, int]]:
+    if text == "all":
+        return []
+    return [(int(a), int(b or a)) for a, _, b in (part.partition("-") for part in text.split(","))]
+
+
+def console_ranks(requested: str | None, size: int) -> str:
+    """The filter in force: the requested one, else every rank up to ``ALL_RANKS_UP_TO`` ranks, else rank 0.
+
+    Raises UsageError when the requested ranks are all outside the world (the console would stay silent).
+    """
+    if requested and not members(requested, size):
+        raise UsageError(f"--ranks {requested} names no rank of this launch, which has ranks 0-{size - 1}.",
+                         "", "Name ranks below the world size, or use --ranks all.")
+    return requested or ("all" if size <= ALL_RANKS_UP_TO else "0")
+
+
+def members(spec: str, size: int) -> list[int]:
+    """The ranks of a world of ``size`` that ``spec`` shows, in order."""
+    if spec == "all":
+        return list(range(size))
+    return sorted({r for start, end in _ranges(spec) for r in range(start, min(end, size - 1) + 1)})
+
+
+def shows_all(spec: str, size: int) -> bool:
+    return members(spec, size) == list(range(size))
+
+
+def attempt_dir(log_dir: str | None, attempt: str | None) -> str | None:
+    """Where this attempt's rank logs go: ``DIR`` for the first launch, ``DIR/attempt<N>`` for relaunch N
+    (``sprite run --retries``), so no attempt appends to or replaces another's logs (as torchrun's attempt_N)."""
+    if not log_dir or not attempt or attempt == "1":
+        return log_dir
+    return f"{log_dir}/attempt{attempt}"
+
+
+def _native_files(flavour: str, log_dir: str | None) -> bool:
+    return bool(log_dir and log_file_options(flavour, log_dir))
+
+
+def rank_env(flavour: str, size: int, log_dir: str | None, ranks: str | None) -> dict[str, str]:
+    """What the runtime in each rank must do itself (``SPRITE_LOG_DIR``, ``SPRITE_CONSOLE_RANKS``), if anything."""
+    from sprite import contract
+
+    console = console_ranks(ranks, size)
+    if flavour == "local" or _native_files(flavour, log_dir):
+        return {}  # the supervisor, or the launcher and sprite's follower, handle both
+    env = {contract.LOG_DIR: log_dir} if log_dir else {}
+    if not shows_all(console, size):
+        env[contract.CONSOLE_RANKS] = console
+    return env
+
+
+def launch_argv(flavour: str, argv: list[str], size: int, log_dir: str | None, ranks: str | None,
+                python: str) -> list[str]:
+    """``argv`` with the launcher's label and per-rank file options, wrapped in the follower when it needs one."""
+    console = console_ranks(ranks, size)
+    if flavour == "local":
+        extras = ([] if shows_all(console, size) else ["--ranks", console]) + (["--log-dir", log_dir] if log_dir else [])
+        at = argv.index("--")
+        return argv[:at] + extras + argv[at:]
+    own = (LABELS.get(flavour, []) if size > 1 else []) + (log_file_options(flavour, log_dir) if log_dir else [])
+    argv = argv[:1] + own + argv[1:]
+    if _native_files(flavour, log_dir):
+        return [python, "-m", "sprite.launch.ranklog", "--dir", str(log_dir), "--ranks", console, "--size", str(size),
+                "--", *argv]
+    return argv
+
+
+def notes(size: int, log_dir: str | None, ranks: str | None) -> list[str]:
+    """What the user should know before the ranks start: who is on the console, where the files go."""
+    console = console_ranks(ranks, size)
+    out = []
+    if not shows_all(console, size):
+        shown = members(console, size)
+        shown = f"rank {shown[0]}" if len(shown) == 1 else f"ranks {console}"
+        keep = "" if log_dir else "; --log-dir DIR keeps every rank's output"
+        out.append(f"the console shows {shown} of {size} ranks (--ranks all shows every rank{keep}).")
+    if log_dir:
+        out.append(f"every rank's output goes to {log_dir}/rank<N>.log.")
+    return out

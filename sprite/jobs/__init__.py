@@ -1,0 +1,1 @@
+"""Job scripts and their submission through the scheduler clients."""

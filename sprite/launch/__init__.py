@@ -1,0 +1,1 @@
+"""The plan (world, launcher argv, rendezvous, rank output) and its execution, the local supervisor."""

@@ -1,0 +1,208 @@
+"""From what the user typed to a LaunchPlan: spec file + site profile + flags + allocation -> argv and env.
+
+This is the one path `sprite run`, the job scripts and the harnesses (parity, ckpt-check, bench) plan through.
+A plan is a value: print it (``--dry-run``), compare it in a test, then execute it (``sprite.launch.execute``). The
+argv comes from one builder per launcher flavour (``sprite.launch.launchers``); the environment is the same for all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
+
+from sprite import contract, schedulers
+from sprite.launch import devicecount
+from sprite.launch import launchers
+from sprite.contract import preemption
+from sprite.contract import rank_output
+from sprite.launch import rendezvous
+from sprite.spec import secrets as secret_env
+from sprite.spec import sites
+from sprite.launch import world
+from sprite.spec import yamldoc
+from sprite.spec import job as specmod
+from sprite.schedulers.allocation import Allocation
+from sprite.errors import UsageError
+from sprite.spec.sites import SiteProfile
+from sprite.spec.job import JobSpec
+from sprite.launch.world import World
+
+
+@dataclass(frozen=True)
+class Context:
+    """Facts about the launching process that builders need, passed in so builders stay pure."""
+
+    python: str
+    environ: dict = field(default_factory=dict)
+    is_root: bool = False
+    pick_free_port: Callable[[], int] = rendezvous.free_port  # called only when nothing else fixes the port
+    run_env: dict = field(default_factory=dict)  # this invocation's contract variables: run folder, attempt
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """``argv`` to execute with ``env`` laid over the caller's environment; ``world`` is what it launches.
+
+    ``secret`` names the variables of ``env`` that are secrets: printed masked, and never part of ``argv``.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    world: World
+    cwd: str | None = None
+    notes: tuple[str, ...] = ()  # what sprite decided over the caller's environment, for stderr
+    secret: frozenset = frozenset()
+    output_notes: tuple[str, ...] = ()  # where the ranks' output goes (console filter, log files), before launch
+    log_dir: str | None = None  # every rank's DIR/rank<N>.log; made fresh before the ranks start
+
+    def to_json(self) -> str:
+        return json.dumps({"argv": self.argv, "env": secret_env.mask(self.env, self.secret)}, indent=2)
+
+    def describe(self) -> str:
+        w = self.world
+        hosts = ", ".join(w.hosts[:3]) + (f", ... ({len(w.hosts)} hosts)" if len(w.hosts) > 3 else "")
+        lines = [
+            f"launcher   {w.launcher} ({w.flavour})",
+            f"world      {w.nodes} node(s) x {w.devices} rank(s) = {w.size} ranks",
+            f"hosts      {hosts}",
+            f"scheduler  {w.alloc.scheduler}" + (f", job {w.alloc.job_id}" if w.alloc.job_id else ""),
+            "command    " + shlex.join(self.argv),
+            *(f"output     {note}" for note in self.output_notes),
+            "environment",
+        ]
+        shown = secret_env.mask(self.env, self.secret)
+        lines += [f"  {key}={shlex.quote(value)}" for key, value in sorted(shown.items())]
+        return "\n".join(lines)
+
+
+def rank_command(spec: JobSpec, ctx: Context) -> list[str]:
+    """What every rank runs: the runtime entry point with the user's script and its arguments."""
+    return [ctx.python, "-m", "sprite.runtime", spec.script or "", *spec.args]
+
+
+def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> dict[str, str]:
+    """Every variable sprite sets or overrides for the ranks: site and spec env (secrets and ``pass_env`` names
+    with their values in ``ctx.environ``), rendezvous and the contract. Raises UsageError for an unset secret."""
+    local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
+    addr = "127.0.0.1" if local else rendezvous.master_addr(world.hosts, site.rendezvous_domain)
+    port = rendezvous.master_port(world.alloc.job_id, spec.master_port, ctx.pick_free_port)
+    env = secret_env.resolve(spec, ctx.environ)
+    env.update({
+        # `python -m sprite.runtime` started in a source checkout would import the checkout's sprite/ (the cwd
+        # comes first on sys.path), which lacks the subpackages installation maps in (sprite.parity, sprite.conf):
+        # Python >= 3.11 then leaves the cwd out, so every rank imports the installed package; older ones ignore it.
+        "PYTHONSAFEPATH": "1",
+        contract.MASTER_ADDR: addr,
+        contract.MASTER_PORT: str(port),
+        "WORLD_SIZE": str(world.size),
+        contract.WORLD_SIZE: str(world.size),
+        contract.NUM_NODES: str(world.nodes),
+        contract.DEVICES: str(world.devices),
+        contract.ACCELERATOR: spec.accelerator,
+        contract.STRATEGY: spec.strategy,
+        contract.PRECISION: spec.precision,
+        contract.LAUNCHER: world.flavour,
+        contract.HOSTS: ",".join(world.hosts),
+        contract.JOB_ID: world.alloc.job_id,
+        contract.SITE: site.name,
+        contract.RESUME: spec.resume,
+        contract.CHECKS: spec.checks,
+        contract.PREEMPT_SIGNAL: preemption.effective(spec.preempt_signal),
+    })
+    env.update(ctx.run_env)
+    env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
+    return env
+
+
+def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> LaunchPlan:
+    """The plan that starts ``world`` running ``spec``. Pure: reads nothing but its arguments.
+
+    Raises UsageError for a preemption signal the launcher would not pass on, or ``requeue`` outside a batch job.
+    """
+    preemption.check_launcher(spec.preempt_signal, world.flavour)
+    if spec.requeue and not world.alloc.job_id:
+        raise UsageError("--requeue asks the batch system to run this job again, and this is no batch job.",
+                         "Job scripts written by `sprite qsub`/`sprite sbatch` pass it when the spec says requeue.",
+                         "Drop --requeue (or requeue: true) here, or submit the spec as a job.")
+    spec = replace(spec, log_dir=rank_output.attempt_dir(spec.log_dir, ctx.run_env.get(contract.ATTEMPT)))
+    env = environment(spec, site, world, ctx)
+    site = replace(site, cpu_bind=spec.cpu_bind) if spec.cpu_bind else site
+    argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
+    argv = rank_output.launch_argv(world.flavour, argv, world.size, spec.log_dir, spec.ranks, ctx.python)
+    return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site),
+                      output_notes=tuple(rank_output.notes(world.size, spec.log_dir, spec.ranks)),
+                      log_dir=spec.log_dir)
+
+
+def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, str] = os.environ,
+             allow_literal_secrets: bool = False) -> tuple[JobSpec, SiteProfile]:
+    """Merge site profile defaults, the spec file and validated flags.
+
+    Raises UsageError / SpecError; UsageError for a secret given a literal value unless ``allow_literal_secrets``.
+    """
+    doc = yamldoc.load(spec_file) if spec_file else None
+    file_layer = specmod.from_document(doc) if doc else {}
+    flag_layer = specmod.from_flags(flags)
+    for key in ("script", "resume", "log_dir"):
+        if key in flag_layer and (key != "resume" or flag_layer[key] not in contract.RESUME_MODES):
+            flag_layer[key] = specmod.absolute(flag_layer[key])
+    site = sites.choose(flag_layer, file_layer, doc, environ)
+    # Ranks per node from the site are only a default: the allocation's own count outranks it (world.py).
+    defaults = {key: value for key, value in site.job.items() if key != "devices"}
+    origins = {**site.origins, **(specmod.origins(doc, file_layer) if doc else {})}
+    origins = {key: where for key, where in origins.items() if key not in flag_layer}
+    job = specmod.merge(defaults, file_layer, flag_layer, {"site": site.name, "origins": origins})
+    sites.check_limits(job, site)
+    specmod.check_script(job, doc)
+    check_resume(job)
+    written = ((f"the site profile {site.source}", defaults), (f"the spec {spec_file}", file_layer),
+               ("--env NAME=VALUE", flag_layer))
+    sources = {name: where for where, layer in written for name in layer.get("env", {})}
+    secret_env.check_literals(job, site, allow_literal_secrets, sources)
+    return job, site
+
+
+def check_resume(job: JobSpec) -> None:
+    """Raise UsageError unless ``resume`` is never, auto or an existing checkpoint (a file or a folder)."""
+    if job.resume not in contract.RESUME_MODES and not os.path.exists(job.resume):
+        raise UsageError(f"{job.blame('resume')}: no such checkpoint.", "The path is misspelled, or relative to"
+                         " another folder (spec paths are relative to the spec file).",
+                         "Pass never, auto, or the path of an existing checkpoint file or folder.")
+
+
+def context(environ: Mapping[str, str], run_env: Mapping[str, str] | None = None) -> Context:
+    """The launching process's facts (interpreter, environment, root or not, this invocation's run variables)."""
+    return Context(python=sys.executable, environ=dict(environ), is_root=os.geteuid() == 0,
+                   run_env=dict(run_env or {}))
+
+
+def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
+             allow_literal_secrets: bool = False, run_env: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes; ``run_env``
+    (run folder, attempt) goes to every rank.
+
+    Raises UsageError (SpecError for a spec file) for bad input, a world the allocation cannot hold, a secret
+    with a literal value (unless ``allow_literal_secrets``) or one that ``environ`` does not set.
+    """
+    job, site = assemble(flags, spec_file, environ, allow_literal_secrets)
+    alloc = schedulers.discover(environ, hostname=socket.gethostname())
+    here = None
+    if alloc.scheduler == "none" and not job.devices and not site.job.get("devices"):
+        here = devicecount.default_ranks(job.accelerator, environ)  # as Trainer(devices="auto") would
+    launched = world.resolve(job, site, alloc, here)
+    plan = build(job, site, launched, context(environ, run_env))
+    notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
+    return replace(plan, notes=notes)
+
+
+def plan_in(job: JobSpec, site: SiteProfile, alloc: Allocation, python: str) -> LaunchPlan:
+    """The plan ``job`` would get inside ``alloc`` (a requested allocation, before submission): the same
+    checks as ``sprite run`` in the job. Variables the job takes from the submitting environment get empty
+    stand-ins (submit checks they are set). Raises UsageError for a world the allocation cannot hold."""
+    stand_ins = dict.fromkeys(secret_env.from_caller(job), "")
+    return build(job, site, world.resolve(job, site, alloc), Context(python=python, environ=stand_ins))

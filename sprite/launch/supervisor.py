@@ -1,0 +1,174 @@
+"""sprite's local launcher: start N ranks on this machine, label their output, and never leave one behind.
+
+    python -m sprite.launch.supervisor --nproc 2 [--log-dir DIR] [--ranks 0] -- python -m sprite.runtime train.py
+
+Each rank gets RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (WORLD_SIZE and the rendezvous from the plan's
+environment); output lines are prefixed ``[rank N]``; only the ranks ``--ranks`` names reach the console, and with
+``--log-dir`` every rank's lines go to ``DIR/rank<N>.log`` (a new file). When a rank fails, the others are stopped
+(SIGTERM, SIGKILL after a grace period) and the supervisor exits with its code; exit 75 (stopped for preemption) is
+no failure: the others get PREEMPT_WAIT s to do the same. SIGINT/SIGTERM stop every rank; SIGUSR1/SIGUSR2 are
+passed on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sprite.integrity import owner_only
+from sprite.contract import rank_output
+from sprite.errors import EXIT_PREEMPTED
+
+GRACE_SECONDS = 5.0
+PREEMPT_WAIT = 60.0  # seconds the others get after one rank stopped for preemption (they leave together)
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    # Linux only: the kernel sends SIGKILL to the rank if the supervisor itself is killed, so a `kill -9`
+    # of sprite leaves no orphan rank holding the rendezvous port.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _pump(stream, sink, prefix: bytes, log, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, b""):
+        if sink is not None:
+            with lock:
+                sink.write(prefix + line)
+                sink.flush()
+        if log:
+            log.write(line)
+            log.flush()
+    stream.close()
+
+
+def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock, console: bool = True) -> tuple:
+    """Start one rank with its own process group; returns (Popen, pump threads, log file).
+
+    Raises FileExistsError when ``log_dir`` already holds this rank's log (logs are never appended to).
+    """
+    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc),
+           "NODE_RANK": "0", "GROUP_RANK": "0", "PYTHONUNBUFFERED": "1"}
+    env.setdefault("WORLD_SIZE", str(nproc))
+    # N ranks each using every core oversubscribe the CPU (torchrun sets 1 for the same reason); give each
+    # rank its share unless the user chose a value.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, preexec_fn=die_with_parent)
+    log = owner_only.open_log(log_dir / f"rank{rank}.log") if log_dir else None
+    prefix = f"[rank {rank}] ".encode()
+    sinks = (sys.stdout.buffer, sys.stderr.buffer) if console else (None, None)
+    pumps = [threading.Thread(target=_pump, args=(s, sink, prefix, log, lock), daemon=True)
+             for s, sink in zip((proc.stdout, proc.stderr), sinks)]
+    for pump in pumps:
+        pump.start()
+    return proc, pumps, log
+
+
+def stop_all(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
+    """Send ``sig`` to every live rank's process group, then SIGKILL whatever is left after ``grace``."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        try:  # the group too: a rank's own children (data loader workers) must not outlive it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+
+def forward(procs: list[subprocess.Popen], sig: int) -> None:
+    """Send ``sig`` to every live rank process (not its group: a data loader worker has no handler for it)."""
+    print(f"sprite: passing {signal.Signals(sig).name} on to every rank.", file=sys.stderr, flush=True)
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
+    """Wait until every rank exits 0 (return 0) or 75 (return 75), one fails, or SIGINT/SIGTERM arrives; return
+    the exit code. SIGUSR1/SIGUSR2 (a scheduler's warning before preemption) are passed on to every rank."""
+    preempted_at = None
+    while True:
+        while received and received[0] in PASSED_ON:
+            forward(procs, received.pop(0))
+        if received:
+            stop_all(procs, received[0])
+            return 128 + received[0]
+        codes = [proc.poll() for proc in procs]
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0, EXIT_PREEMPTED)]
+        if failed:
+            rank, code = failed[0]
+            print(f"sprite: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
+            stop_all(procs)
+            return code if code > 0 else 128 - code
+        if None not in codes:
+            return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
+        if EXIT_PREEMPTED in codes:
+            preempted_at = preempted_at or time.monotonic()
+            if time.monotonic() - preempted_at > PREEMPT_WAIT:
+                print(f"sprite: ranks ran on {PREEMPT_WAIT:.0f} s after one stopped for preemption.", file=sys.stderr)
+                stop_all(procs)
+                return EXIT_PREEMPTED
+        time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sprite.launch.supervisor", description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
+    parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log (0600, in 0700 "
+                        "folders when sprite creates them)")
+    parser.add_argument("--ranks", default="all", help="ranks whose lines reach the console: all, 0 or a list")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command every rank runs")
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.nproc < 1 or not cmd:
+        parser.error("need --nproc >= 1 and a command after --")
+    if args.log_dir:
+        owner_only.make_dirs(args.log_dir)
+        if any((args.log_dir / f"rank{rank}.log").exists() for rank in range(args.nproc)):
+            parser.error(f"{args.log_dir} already holds rank logs; pass a fresh --log-dir")
+    received: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM, *PASSED_ON):
+        signal.signal(sig, lambda signum, frame: received.append(signum))
+    if not shutil.which(cmd[0]):
+        parser.error(f"cannot run {cmd[0]!r}: no such program on PATH")
+    lock = threading.Lock()
+    shown = set(rank_output.members(args.ranks, args.nproc))
+    started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock, rank in shown) for rank in range(args.nproc)]
+    code = supervise([proc for proc, _, _ in started], received)
+    for _, pumps, log in started:
+        for pump in pumps:
+            pump.join(timeout=2)
+        if log:
+            log.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

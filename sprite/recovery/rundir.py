@@ -1,0 +1,74 @@
+"""The run folder: one new folder per ``sprite run`` holding ``audit.jsonl``, ``heartbeat/`` and ``run.json``.
+
+It is never reused: ``--run-dir`` must name a folder that does not exist yet, and the default is a new name under
+``./sprite-runs/``. The ranks find it in ``SPRITE_RUN_DIR``, so on a cluster it must be on a file system every
+node sees (the working directory usually is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+
+from sprite.contract import heartbeat
+from sprite.integrity import owner_only
+from sprite.errors import UsageError
+from sprite.integrity import IntegrityError, make_dir_new
+
+DEFAULT_PARENT = "sprite-runs"
+AUDIT, HEARTBEATS, SUMMARY = "audit.jsonl", "heartbeat", "run.json"
+
+
+def default_path(job_id: str = "", cwd: str | None = None, now: float | None = None) -> Path:
+    """A fresh name under ``./sprite-runs/``: time, the scheduler's job id (if any) and a random suffix."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    job = "".join(c if c.isalnum() or c in "-_" else "_" for c in job_id.split(".")[0])
+    name = "-".join(part for part in (stamp, job, secrets.token_hex(3)) if part)
+    return Path(cwd or os.getcwd()) / DEFAULT_PARENT / name
+
+
+def choose(run_dir: str | None, job_id: str = "") -> Path:
+    """The absolute run folder path for ``--run-dir`` (or the default). Raises UsageError if it exists."""
+    path = Path(run_dir).absolute() if run_dir else default_path(job_id)
+    if os.path.lexists(path):
+        raise UsageError(f"The run folder {path} exists already.", "sprite never writes into an existing run folder.",
+                         "Pass a new --run-dir, or leave it out for a new folder under ./sprite-runs/.")
+    return path
+
+
+def create(path: Path) -> Path:
+    """Create ``path`` (mode 0700 whatever the umask; missing parents 0700 too) and ``heartbeat/`` in it.
+
+    Raises UsageError when it exists meanwhile or cannot be created.
+    """
+    try:
+        owner_only.make_dirs(path.parent)
+        make_dir_new(path, 0o700)
+    except IntegrityError:
+        raise UsageError(f"The run folder {path} exists already.", "Another run took the name.",
+                         "Pass a new --run-dir.") from None
+    except OSError as err:
+        raise UsageError(f"Cannot create the run folder {path} ({err.strerror}).",
+                         "The folder above it is not writable.", "Pass --run-dir on a writable file system.") from None
+    make_dir_new(path / HEARTBEATS, 0o700)
+    return path
+
+
+def attempt_heartbeats(path: Path, attempt: int) -> Path:
+    """Create and return the heartbeat folder of ``attempt``."""
+    where = heartbeat.folder(path, attempt)
+    make_dir_new(where, 0o700)
+    return where
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    """Write ``run.json`` (sprite's own file in its own folder: replaced atomically on every update)."""
+    temporary = path / f".{SUMMARY}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(summary, out, indent=2, sort_keys=True)
+        out.write("\n")
+    os.replace(temporary, path / SUMMARY)

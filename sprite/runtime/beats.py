@@ -1,0 +1,142 @@
+"""This rank's progress for sprite's stall watchdog: a heartbeat file kept current by a Lightning callback.
+
+A phase change (start, training step, validation, checkpoint save, done) is written at once; step and batch
+progress within a phase is written by a daemon thread at most every ``SPRITE_HEARTBEAT_SECONDS``, so a step costs
+an integer increment and no file system call, and a rank blocked in a collective still has its last state on
+disk. Nothing here talks to another rank. A heartbeat that cannot be written never stops training.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import replace
+from typing import Optional
+
+from lightning.pytorch import Callback, Trainer
+
+from sprite import contract
+from sprite.contract import heartbeat
+from sprite.contract.heartbeat import Beat
+
+_current: Optional["Heart"] = None
+
+
+class Heart:
+    """Holds this rank's Beat and writes it: phase changes at once, other changes from a background thread."""
+
+    def __init__(self, where, rank: int, interval: float) -> None:
+        self.where, self.interval = where, interval
+        self.beat = Beat(rank, socket.gethostname(), os.getpid(), 0, heartbeat.START, 0, time.time())
+        self._lock, self._dirty, self._warned = threading.Lock(), False, False
+        self._flush()
+        threading.Thread(target=self._loop, name="sprite-heartbeat", daemon=True).start()
+
+    def update(self, phase: Optional[str] = None, step: Optional[int] = None) -> None:
+        with self._lock:
+            old = self.beat
+            now_step = old.step if step is None else step
+            first = now_step if old.first_step < 0 and (phase or old.phase) == heartbeat.TRAINING else old.first_step
+            self.beat = replace(old, phase=phase or old.phase, step=now_step, count=old.count + 1, time=time.time(),
+                                first_step=first)
+            self._dirty = True
+        if phase is not None and phase != old.phase:
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:
+            beat, self._dirty = self.beat, False
+        try:
+            heartbeat.write(self.where, beat)
+        except OSError as err:
+            if not self._warned:
+                self._warned = True
+                print(f"sprite: warning: cannot write the heartbeat in {self.where} ({err.strerror}); the stall "
+                      "watchdog sees no progress from this rank. Put the run folder (--run-dir) on a file system "
+                      "every node sees.", file=sys.stderr, flush=True)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.interval)
+            if self._dirty:
+                self._flush()
+
+
+class ProgressCallback(Callback):
+    """Reports each step boundary and phase change of a fit to this rank's Heart."""
+
+    def __init__(self, heart: Heart) -> None:
+        self.heart = heart
+        self._before_validation = heartbeat.START
+
+    def on_fit_start(self, trainer, pl_module):
+        self.heart.update(heartbeat.START, trainer.global_step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.heart.update(heartbeat.TRAINING, trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.heart.update(step=trainer.global_step)
+
+    def on_validation_start(self, trainer, pl_module):
+        self._before_validation = self.heart.beat.phase
+        self.heart.update(heartbeat.VALIDATION, trainer.global_step)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.heart.update()
+
+    def on_validation_end(self, trainer, pl_module):
+        self.heart.update(self._before_validation, trainer.global_step)
+
+    def on_fit_end(self, trainer, pl_module):
+        self.heart.update(heartbeat.DONE, trainer.global_step)
+
+
+def start(env, rank: int) -> Optional[Heart]:
+    """Start this rank's heartbeat when the launch asked for one (``SPRITE_RUN_DIR`` set); else None."""
+    global _current
+    where = heartbeat.folder_from_env(env)
+    if where is None:
+        return None
+    try:
+        interval = max(0.05, float(env.get(contract.HEARTBEAT_SECONDS, "") or 5.0))
+    except ValueError:
+        interval = 5.0
+    _current = Heart(where, rank, interval)
+    _wrap_save_checkpoint()
+    return _current
+
+
+def callbacks() -> list:
+    """The callbacks a Trainer of this launch gets: the progress reporter when a heartbeat runs."""
+    return [ProgressCallback(_current)] if _current is not None else []
+
+
+def finish(step: Optional[int] = None, phase: str = heartbeat.DONE) -> None:
+    """Say this rank's script has returned (``phase`` PREEMPTED: it stopped for preemption)."""
+    if _current is not None:
+        _current.update(phase, step)
+
+
+def _wrap_save_checkpoint() -> None:
+    """Mark ``Trainer.save_checkpoint`` (ModelCheckpoint calls it too) as the checkpoint save phase."""
+    original = Trainer.save_checkpoint
+    if getattr(original, "_sprite_progress", False):
+        return
+
+    def save_checkpoint(self, *args, **kwargs):
+        before = _current.beat.phase if _current else None
+        if _current:
+            _current.update(heartbeat.SAVE, self.global_step)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if _current:
+                _current.update(before, self.global_step)
+
+    save_checkpoint._sprite_progress = True
+    save_checkpoint.__wrapped__ = original
+    Trainer.save_checkpoint = save_checkpoint

@@ -1,0 +1,1 @@
+"""Checkpoints inside the ranks: seal, save, read, durability, verification, resume, RNG state."""

@@ -1,0 +1,1 @@
+"""Reading input: YAML documents, the job spec, site profiles, the scheduler block, secrets."""

@@ -1,0 +1,172 @@
+"""JobSpec: one validated description of a job, merged from a site profile, a YAML spec file and CLI flags.
+
+Later layers win: site profile ``job:`` defaults, then the spec file, then CLI flags. Every value is checked
+where it was written, so a rejection names its file and line (or its flag) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from sprite import contract
+from sprite.contract import rank_output
+from sprite.values import env as ev
+from sprite.values import scheduler as sv
+from sprite.values import grammar as v
+from sprite.errors import Complain, UsageError, one_line, show
+from sprite.spec.yamldoc import YamlDoc
+
+ACCELERATORS = contract.ACCELERATORS
+STRATEGIES = contract.STRATEGIES
+LAUNCHERS = ("auto", "mpiexec", "srun", "torchrun", "local")
+MPI_FLAVOURS = ("auto", "pals", "hydra", "openmpi")
+PRECISIONS = (
+    "auto", "32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64",
+)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to launch and how. ``None`` means "decide from the site profile or the allocation"."""
+
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    nodes: int | None = None
+    devices: int | None = None
+    accelerator: str = "auto"
+    strategy: str = "auto"
+    precision: str = "auto"
+    launcher: str = "auto"
+    mpi: str = "auto"
+    site: str = "local"
+    env: dict = field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()  # names whose values come from the launching (or submitting) environment
+    secrets: tuple[str, ...] = ()  # names of secrets: values from that environment, masked when printed
+    exclude: tuple[str, ...] = ()
+    master_port: int | None = None
+    resume: str = "never"  # never | auto | a checkpoint path (contract.RESUME)
+    scheduler: dict = field(default_factory=dict)
+    checks: str = "on"  # the runtime's fit-start contract checks: on (warn), off, strict (every warning an error)
+    stall_timeout: float | None = None  # seconds without progress that stop the run (exit 124); None: no watchdog
+    first_step_timeout: float | None = None  # the allowance from launch to the end of the first step
+    save_timeout: float | None = None  # the allowance for one checkpoint save
+    retries: int = 0  # relaunches after a failure
+    spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
+    preempt_signal: str | None = None  # USR1 | USR2 | none (contract.PREEMPT_SIGNAL); None: preemption.DEFAULT
+    requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
+    log_dir: str | None = None  # one output file per rank, DIR/rank<N>.log
+    ranks: str | None = None  # console filter: "0", "all" or a list; None: all up to 16 ranks, else 0
+    cpu_bind: str | None = None  # the launcher's --cpu-bind value, over the site profile's
+    # Where each value was written ("job.yaml:3: key 'nodes'", "--nodes"), so a later refusal can name it.
+    origins: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def blame(self, key: str) -> str:
+        """Where ``key``'s value came from, with the value: ``--nodes 3`` or ``job.yaml:3: key 'nodes' = 3``."""
+        value = getattr(self, key)
+        shown = ",".join(value) if isinstance(value, tuple) else show(value) if not isinstance(value, (str, int)) \
+            else str(value)
+        origin = self.origins.get(key)
+        return f"{origin} = {one_line(shown, 200)}" if origin else f"--{key.replace('_', '-')} {one_line(shown, 200)}"
+
+
+FIELD_NAMES = tuple(f.name for f in fields(JobSpec) if f.name != "origins")
+
+
+CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
+    "script": v.string, "args": v.arguments, "nodes": v.nodes, "devices": v.ranks_per_node,
+    "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
+    "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": ev.env,
+    "pass_env": ev.env_names, "secrets": ev.env_names, "exclude": v.hosts, "master_port": v.port,
+    "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
+    "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
+    "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
+    "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": rank_output.check_ranks,
+    "cpu_bind": sv.token,
+}
+assert set(CHECKS) == set(FIELD_NAMES)
+
+
+def check_values(values: dict, complain_for: Callable[[str], Complain]) -> dict:
+    """Validate raw ``values`` field by field; ``complain_for(key)`` builds the error for that key.
+
+    Raises whatever ``complain_for`` builds (a UsageError subclass) for an unknown key or a bad value.
+    """
+    out = {}
+    for key, value in values.items():
+        if key not in CHECKS:
+            raise complain_for(key)("is not a job spec key.", ", ".join(FIELD_NAMES))
+        out[key] = CHECKS[key](value, complain_for(key))
+    return out
+
+
+def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
+    """Validated fields of a spec file (or of a profile's ``job:`` block, given ``section``).
+
+    Relative ``script`` and ``resume`` paths resolve against the file's folder. Raises SpecError naming file,
+    line and key.
+    """
+    checked = check_values(doc.mapping(section), doc.complainer(section))
+    for key in ("script", "resume", "log_dir"):
+        if key in checked and (key != "resume" or checked[key] not in contract.RESUME_MODES):
+            checked[key] = absolute(Path(doc.source).parent / checked[key])
+    return checked
+
+
+def origins(doc: YamlDoc, layer: dict, section: tuple[str, ...] = ()) -> dict:
+    """``{key: "file:line: key 'section.key'"}`` for every key of a validated ``layer`` read from ``doc``."""
+    return {key: doc.where((*section, key)) for key in layer}
+
+
+def absolute(path) -> str:
+    """``path`` made absolute, symlinks resolved where that works (a symlink loop or an overlong name keeps the
+    path as written, made absolute, so the refusal that follows names it)."""
+    try:
+        return str(Path(path).resolve())
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop on Python < 3.13
+        return os.path.abspath(path)
+
+
+def from_flags(flags: dict) -> dict:
+    """Validated fields given on the command line (``None`` values are flags not given). Raises UsageError."""
+    given = {key: value for key, value in flags.items() if value is not None}
+
+    def complain_for(key: str) -> Complain:
+        flag = {"pass_env": "--env", "secrets": "--secret"}.get(key, "--" + key.replace("_", "-"))
+        return lambda what, allowed="": UsageError(f"Option {flag}: {what}", "", f"Allowed: {allowed}." if allowed else "")
+
+    return check_values(given, complain_for)
+
+
+def merge(*layers: dict) -> JobSpec:
+    """Build a JobSpec from validated layers, later layers winning; ``env`` and ``scheduler`` merge by key,
+    ``pass_env`` and ``secrets`` add up (a later layer never drops a secret an earlier one named)."""
+    spec = JobSpec()
+    for layer in layers:
+        changes = dict(layer)
+        for key in ("env", "scheduler"):
+            if key in changes:
+                changes[key] = {**getattr(spec, key), **changes[key]}
+        for key in ("pass_env", "secrets"):
+            if key in changes:
+                changes[key] = tuple(dict.fromkeys((*getattr(spec, key), *changes[key])))
+        spec = replace(spec, **changes)
+    return spec
+
+
+def check_script(job: JobSpec, doc=None) -> None:
+    """Raise UsageError (SpecError when the spec file set it) unless the job's script names an existing file."""
+    if not job.script:
+        if doc is not None:
+            raise doc.error(("script",), "is missing: no training script given.", "script: path/to/train.py")
+        raise UsageError("No training script given.", "",
+                         "Pass SCRIPT after sprite's options, or set script: in --spec.")
+    if not os.path.isfile(job.script):
+        where = f"{job.origins['script']}: " if "script" in job.origins else ""
+        raise UsageError(
+            f"{where}The training script {one_line(job.script, 300)} does not exist.",
+            "The path is misspelled or relative to another folder (spec paths are relative to the spec file).",
+            "Pass the path of an existing Python file.",
+        )

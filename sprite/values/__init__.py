@@ -1,0 +1,1 @@
+"""The value grammar below spec and schedulers: integers, switches, env names, scheduler tokens."""

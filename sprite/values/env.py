@@ -1,0 +1,58 @@
+"""Checkers of a job's environment variables: ``env:`` (NAME: value) and ``pass_env:`` / ``secrets:`` (names).
+
+Names are ASCII (what a job script can export); the variables sprite plans itself for every rank (the
+rendezvous, the rank variables, ``SPRITE_*``) are refused, so a spec cannot silently lose to the plan. Values
+are one-line text as written. Checkers follow ``sprite.values.grammar``: ``(value, complain)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sprite import contract
+from sprite.errors import Complain, show
+from sprite.values.grammar import ENV_NAME, control_char, scalar_text
+
+# Variables sprite plans itself for every rank (plan.environment): a spec's env: must not try to set them.
+OWNED_ENV = (contract.MASTER_ADDR, contract.MASTER_PORT, "PYTHONSAFEPATH", *contract.RANK_VARS, *contract.ALL)
+OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it",
+              contract.RUN_DIR: "--run-dir DIR to choose the run folder"}
+
+
+def _not_owned(name: str, complain: Complain) -> None:
+    if name in OWNED_ENV or name.startswith("SPRITE_"):
+        raise complain(f"{name} is set by sprite itself for every rank.", OWNED_HINT.get(
+            name, "another name (sprite plans MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and SPRITE_*)"))
+
+
+def env(value: Any, complain: Complain) -> dict:
+    """NAME: value pairs for every rank. Names are ASCII; the variables sprite plans itself are refused."""
+    if not isinstance(value, dict):
+        raise complain(f"{show(value)} is not a mapping.", "NAME: value pairs")
+    out = {}
+    for name, val in value.items():
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            raise complain(f"{show(name)} is not a valid environment variable name.",
+                           "ASCII letters, digits and _, not starting with a digit")
+        _not_owned(name, complain)
+        text = str(val).lower() if isinstance(val, bool) else scalar_text(val)
+        if text is None and isinstance(val, float):
+            text = repr(val)
+        bad = control_char(text.replace("\t", " ")) if text is not None else None
+        if text is None or bad:
+            raise complain(f"{name}={show(val)} is not a one-line scalar value.", "a string or number")
+        out[name] = text
+    return out
+
+
+def env_names(value: Any, complain: Complain) -> tuple[str, ...]:
+    """Environment variable names (``secrets:``, ``pass_env:``): a list or a comma-separated string."""
+    items = [part for part in value.split(",") if part] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise complain(f"{show(value)} is not a list of variable names.", "a YAML list such as [HF_TOKEN, WANDB_API_KEY]")
+    for item in items:
+        if not ENV_NAME.fullmatch(item):
+            raise complain(f"{show(item)} is not an environment variable name.", "ASCII letters, digits and _, "
+                           "not starting with a digit")
+        _not_owned(item, complain)
+    return tuple(dict.fromkeys(items))
