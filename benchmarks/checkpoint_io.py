@@ -13,7 +13,7 @@ before the model holds it), for all sides alike.
 Two formats:
 - sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save with
   sprite.runtime.ckpt.dcp_write: no torch.save per tensor, fsync left to the seal); load = every rank loads it with
-  sprite's reader (sprite.runtime.ckpt.dcp_read.load, which sprite's runtime gives Lightning in place of dcp.load). Both hold off Python's cycle collector (collective.paused_gc). Baseline:
+  sprite's reader (sprite.runtime.ckpt.dcp_read.load, which sprite's runtime gives Lightning in place of dcp.load). Both hold off Python's cycle collector (gcpause.paused_gc). Baseline:
   each rank torch.save / torch.load of its own local shards, one file per rank.
 - full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save into a temporary
   name, a pool of threads hashes each 64 MiB piece, rename), then sealed; load = verify, then torch.load with

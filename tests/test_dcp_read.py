@@ -246,7 +246,7 @@ def test_the_records_of_another_zip_are_left_to_torch():
 
 
 def test_paused_gc_restores_the_collectors_state():
-    from sprite.runtime.collective import paused_gc
+    from sprite.runtime.ckpt.gcpause import paused_gc
 
     assert gc.isenabled()
     with paused_gc():

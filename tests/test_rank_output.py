@@ -19,7 +19,8 @@ from sprite import contract
 from sprite import schedulers
 from sprite.cli import app as cli
 from sprite.launch import plan
-from sprite.contract import rank_output
+from sprite.contract import console
+from sprite.launch import rank_output
 from sprite.launch import ranklog
 from sprite.launch import world
 from sprite.errors import UsageError
@@ -105,11 +106,11 @@ def test_a_relaunch_writes_its_own_attempt_folder(allocations, tmp_path):
 
 
 def test_console_shows_every_rank_up_to_16_then_rank_0():
-    assert rank_output.console_ranks(None, 16) == "all" and rank_output.console_ranks(None, 17) == "0"
-    assert rank_output.console_ranks("all", 127488) == "all"
-    assert rank_output.members("0,3-5,9", 6) == [0, 3, 4, 5]
+    assert console.console_ranks(None, 16) == "all" and console.console_ranks(None, 17) == "0"
+    assert console.console_ranks("all", 127488) == "all"
+    assert console.members("0,3-5,9", 6) == [0, 3, 4, 5]
     with pytest.raises(UsageError, match="names no rank of this launch"):
-        rank_output.console_ranks("7", 4)
+        console.console_ranks("7", 4)
     notes = rank_output.notes(24, None, None)
     assert notes == ["the console shows rank 0 of 24 ranks (--ranks all shows every rank; --log-dir DIR keeps "
                      "every rank's output)."]
@@ -117,13 +118,13 @@ def test_console_shows_every_rank_up_to_16_then_rank_0():
 
 @pytest.mark.parametrize("text", ["0", "all", "0,3-5", "12"])
 def test_ranks_values_accepted(text):
-    assert rank_output.check_ranks(text, lambda what, allowed: UsageError(what)) == text
+    assert console.check_ranks(text, lambda what, allowed: UsageError(what)) == text
 
 
 @pytest.mark.parametrize("text", ["", "-1", "0-", "zero", "5-2", "0,,1"])
 def test_ranks_values_refused(text):
     with pytest.raises(UsageError):
-        rank_output.check_ranks(text, lambda what, allowed: UsageError(what))
+        console.check_ranks(text, lambda what, allowed: UsageError(what))
 
 
 def test_follower_prints_whole_lines_as_files_grow(tmp_path):

@@ -19,7 +19,8 @@ from sprite import contract, schedulers
 from sprite.launch import devicecount
 from sprite.launch import launchers
 from sprite.contract import preemption
-from sprite.contract import rank_output
+from sprite.contract import console
+from sprite.launch import rank_output
 from sprite.launch import rendezvous
 from sprite.spec import secrets as secret_env
 from sprite.spec import sites
@@ -129,7 +130,7 @@ def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> Launc
         raise UsageError("--requeue asks the batch system to run this job again, and this is no batch job.",
                          "Job scripts written by `sprite qsub`/`sprite sbatch` pass it when the spec says requeue.",
                          "Drop --requeue (or requeue: true) here, or submit the spec as a job.")
-    spec = replace(spec, log_dir=rank_output.attempt_dir(spec.log_dir, ctx.run_env.get(contract.ATTEMPT)))
+    spec = replace(spec, log_dir=console.attempt_dir(spec.log_dir, ctx.run_env.get(contract.ATTEMPT)))
     env = environment(spec, site, world, ctx)
     site = replace(site, cpu_bind=spec.cpu_bind) if spec.cpu_bind else site
     argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)

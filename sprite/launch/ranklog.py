@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from sprite.integrity import owner_only
-from sprite.contract import rank_output
+from sprite.contract import console as console_grammar
 from sprite.errors import UsageError
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("need the launcher command after --")
-    shown = rank_output.members(args.ranks, args.size)
+    shown = console_grammar.members(args.ranks, args.size)
     try:
         prepare(args.dir)  # the launcher writes into it (Hydra and srun need it to exist); a relaunch's is new
     except UsageError as err:

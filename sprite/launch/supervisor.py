@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from sprite.integrity import owner_only
-from sprite.contract import rank_output
+from sprite.contract import console as console_grammar
 from sprite.errors import EXIT_PREEMPTED
 
 GRACE_SECONDS = 5.0
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if not shutil.which(cmd[0]):
         parser.error(f"cannot run {cmd[0]!r}: no such program on PATH")
     lock = threading.Lock()
-    shown = set(rank_output.members(args.ranks, args.nproc))
+    shown = set(console_grammar.members(args.ranks, args.nproc))
     started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock, rank in shown) for rank in range(args.nproc)]
     code = supervise([proc for proc, _, _ in started], received)
     for _, pumps, log in started:

@@ -21,7 +21,7 @@ from typing import Mapping
 
 from sprite import contract
 from sprite.integrity import owner_only
-from sprite.contract import rank_output
+from sprite.contract import console as console_grammar
 from sprite.runtime.ranks import FLAVOURS, read_rank_var, detect_flavour
 
 
@@ -88,7 +88,7 @@ def install(environ: Mapping[str, str] = os.environ) -> Output | None:
     names = FLAVOURS.get(flavour, FLAVOURS["local"])
     rank = read_rank_var(environ, names.rank, "rank", flavour)
     size = read_rank_var(environ, names.world_size, "world size", flavour)
-    console = not spec or rank in rank_output.members(spec, size)
+    console = not spec or rank in console_grammar.members(spec, size)
     log = str(Path(log_dir) / f"rank{rank}.log") if log_dir else None
     if log_dir:
         owner_only.make_dirs(log_dir)  # a relaunch's DIR/attempt<N> is made by its ranks (0700)

@@ -22,7 +22,10 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from sprite.errors import EXIT_PREEMPTED
-from sprite.runtime import collective, preempt_signal
+from sprite.runtime import preempt_signal
+from sprite.runtime import dist
+from sprite.runtime import hooks
+from sprite.runtime import trail
 
 
 class Preempted(SystemExit):
@@ -59,16 +62,16 @@ class PreemptCallback(Callback):
             return
         from lightning.pytorch.trainer import call
 
-        signalled = collective.gather(bool(preempt_signal.received))
+        signalled = dist.gather(bool(preempt_signal.received))
         call._call_lightning_module_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
         name = f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"
         path = Path(checkpoint_folder(trainer)) / name
         trainer.save_checkpoint(path)
         if trainer.is_global_zero:
             ranks = [rank for rank, got in enumerate(signalled) if got]
-            collective.say(f"preempted: the signal reached rank(s) {','.join(map(str, ranks))}; every rank saved "
+            trail.say(f"preempted: the signal reached rank(s) {','.join(map(str, ranks))}; every rank saved "
                            f"{path} at step {trainer.global_step} and stops with exit code {EXIT_PREEMPTED}")
-            collective.audit("preemption", signal=preempt_signal.name_received(), signalled_ranks=ranks,
+            trail.audit("preemption", signal=preempt_signal.name_received(), signalled_ranks=ranks,
                              step=trainer.global_step, epoch=trainer.current_epoch, checkpoint=str(path))
         raise Preempted(str(path), trainer.global_step)
 
@@ -103,7 +106,7 @@ def install() -> None:
     """Give every fit a PreemptCallback, last in line (after ``preempt_signal.install`` chose a signal)."""
     from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
 
-    collective.wrap(_CallbackConnector, "_attach_model_callbacks", _last)
+    hooks.wrap(_CallbackConnector, "_attach_model_callbacks", _last)
 
 
 def exit_preempted(err: Preempted) -> int:

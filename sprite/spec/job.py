@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sprite import contract
-from sprite.contract import rank_output
+from sprite.contract import console
 from sprite.values import env as ev
 from sprite.values import scheduler as sv
 from sprite.values import grammar as v
@@ -83,7 +83,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
     "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
-    "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": rank_output.check_ranks,
+    "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": console.check_ranks,
     "cpu_bind": sv.token,
 }
 assert set(CHECKS) == set(FIELD_NAMES)

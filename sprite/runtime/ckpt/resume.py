@@ -22,7 +22,8 @@ from sprite import contract, integrity
 from sprite.integrity import scan as ckpt_scan
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
-from sprite.runtime import collective
+from sprite.runtime import hooks
+from sprite.runtime import trail
 from sprite.runtime.ckpt import shared_verify
 
 PENDING = "sprite-resume:pending"  # fit(ckpt_path=PENDING) until resume_start resolves it
@@ -78,13 +79,13 @@ def _auto(trainer, rejected: list, later: list) -> dict:
     if not strategy.is_global_zero:
         return {}  # rank 0's decision is broadcast
     for entry in skipped:
-        collective.say(f"resume: skipped {entry.path}: {entry.reason}")
-        collective.audit("checkpoint_skipped", path=str(entry.path), reason=entry.reason)
+        trail.say(f"resume: skipped {entry.path}: {entry.reason}")
+        trail.audit("checkpoint_skipped", path=str(entry.path), reason=entry.reason)
     where = ", ".join(dirs) or "nowhere (the Trainer has no ModelCheckpoint)"
     if chosen is not None:
         return _chosen(chosen) if not later else {"path": str(chosen.path), "later": True}
     if found == 0:
-        collective.say(f"resume auto: no checkpoint in {where}; starting fresh")
+        trail.say(f"resume auto: no checkpoint in {where}; starting fresh")
         return {"path": None}
     named = "; ".join(f"{entry.path.name}: {entry.reason}" for entry in skipped)
     return {"error": (f"--resume auto found {found} checkpoint(s) in {where} and none is valid ({named}).",
@@ -93,13 +94,13 @@ def _auto(trainer, rejected: list, later: list) -> dict:
 
 
 def _chosen(entry: ckpt_scan.Entry) -> dict:
-    collective.say(f"resume: from {entry.path} (step {entry.step}, epoch {entry.epoch})")
-    collective.audit("resume", path=str(entry.path), step=entry.step)
+    trail.say(f"resume: from {entry.path} (step {entry.step}, epoch {entry.epoch})")
+    trail.audit("resume", path=str(entry.path), step=entry.step)
     return {"path": str(entry.path)}
 
 
 def _refused(wanted: str, reason: str) -> dict:
-    collective.audit("checkpoint_skipped", path=wanted, reason=reason)
+    trail.audit("checkpoint_skipped", path=wanted, reason=reason)
     return {"error": (f"--resume {wanted}: the checkpoint is not valid: {reason}.",
                       "The save was cut short or the checkpoint was changed afterwards.",
                       "Pass another checkpoint, or --resume auto to take the newest valid one.")}
@@ -162,8 +163,8 @@ def _resume(resume_start, connector, wanted: str, weights_only):
             raise IntegrityError(*trainer.strategy.broadcast(
                 _refused(wanted, verdict.reason)["error"] if trainer.strategy.is_global_zero else None))
         if trainer.strategy.is_global_zero:
-            collective.say(f"resume: skipped {path}: {verdict.reason}")
-            collective.audit("checkpoint_skipped", path=path, reason=verdict.reason)
+            trail.say(f"resume: skipped {path}: {verdict.reason}")
+            trail.audit("checkpoint_skipped", path=path, reason=verdict.reason)
 
 
 def install(wanted: str) -> None:
@@ -189,5 +190,5 @@ def install(wanted: str) -> None:
             return _resume(resume_start, connector, wanted, weights_only)
         return resume_start(connector, checkpoint_path, weights_only)
 
-    collective.wrap(Trainer, "fit", first_fit)
-    collective.wrap(_CheckpointConnector, "resume_start", resolving_start)
+    hooks.wrap(Trainer, "fit", first_fit)
+    hooks.wrap(_CheckpointConnector, "resume_start", resolving_start)

@@ -26,7 +26,11 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from sprite.runtime import collective
+from sprite.runtime import dist
+
+from sprite.runtime import hooks
+
+from sprite.runtime import trail
 from sprite.runtime.devices import device_type
 
 KEY = "SpriteResumeState"
@@ -117,12 +121,12 @@ class ResumeState(Callback):
         mine = {"epoch_start": self.epoch_start, "trained": trained, "now": capture(self._device()),
                 "before": [state for number, state in self.iterator.before if number > trained],
                 "epoch_done": trained >= trainer.num_training_batches}
-        return {"world_size": trainer.world_size, "ranks": collective.gather(mine)}
+        return {"world_size": trainer.world_size, "ranks": dist.gather(mine)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         ranks, rank = state_dict.get("ranks") or [], self.trainer.global_rank
         if ranks and len(ranks) != self.trainer.world_size and rank == 0:
-            collective.say(f"the checkpoint was saved by {len(ranks)} ranks and resumes on {self.trainer.world_size}:"
+            trail.say(f"the checkpoint was saved by {len(ranks)} ranks and resumes on {self.trainer.world_size}:"
                            " random state and data position are restored only for the ranks both have")
         self.loaded = ranks[rank] if rank < len(ranks) else None
 
@@ -160,5 +164,5 @@ def install() -> None:
     from lightning.pytorch.loops import fetchers
     from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
 
-    collective.wrap(fetchers._DataFetcher, "__iter__", _iterate)
-    collective.wrap(_CallbackConnector, "on_trainer_init", _with_resume_state)
+    hooks.wrap(fetchers._DataFetcher, "__iter__", _iterate)
+    hooks.wrap(_CallbackConnector, "on_trainer_init", _with_resume_state)

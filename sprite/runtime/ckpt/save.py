@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sprite.integrity import digest
 from sprite.runtime.ckpt import durable
-from sprite.runtime.collective import paused_gc
+from sprite.runtime.ckpt.gcpause import paused_gc
 from sprite.integrity.writeonce import created
 
 # realpath -> (size, mtime_ns, inode, sprite.integrity.digest entry, whether its fsync is seen to) of files this process

@@ -20,7 +20,9 @@ import secrets
 from pathlib import Path
 
 from sprite import integrity
-from sprite.runtime import collective
+from sprite.runtime import dist
+from sprite.runtime import hooks
+from sprite.runtime import trail
 from sprite.runtime.ckpt import durable
 from sprite.runtime.ckpt import save as hashed_save
 
@@ -84,7 +86,7 @@ def describe_mine(written: Path, rank: int, world: int, sync: bool = True) -> tu
 def _meta(trainer, fmt: str, weights_only) -> dict:
     strategy = trainer.strategy
     return {"step": trainer.global_step, "epoch": trainer.current_epoch, "world_size": trainer.world_size,
-            "strategy": collective.family(strategy), "strategy_class": type(strategy).__name__, "format": fmt,
+            "strategy": dist.family(strategy), "strategy_class": type(strategy).__name__, "format": fmt,
             "weights_only": bool(weights_only),
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")}
 
@@ -96,8 +98,8 @@ def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> t
     written, sync = Path(plan["write"]), plan["replaces"]
     failed = [info for ok, info, _ in reports if not ok]
     if failed:
-        collective.say(f"checkpoint {target} is not sealed (a rank could not confirm its files): {'; '.join(failed)}")
-        collective.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=False)
+        trail.say(f"checkpoint {target} is not sealed (a rank could not confirm its files): {'; '.join(failed)}")
+        trail.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=False)
         return [], [], False
     files = {rel: entry for ok, info, _ in reports for rel, entry in info.items()}
     folders = [folder for folder, _, _ in os.walk(written)] if written.is_dir() else []
@@ -114,9 +116,9 @@ def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> t
         manifest = integrity.seal(target, _meta(trainer, fmt, weights_only), files, sync=sync)
     record = {"path": str(target), "step": trainer.global_step, "verified": True}
     if sync:
-        collective.audit("checkpoint_written", **record)
+        trail.audit("checkpoint_written", **record)
         return [], [], True
-    trail = collective.audit_unsynced("checkpoint_written", **record)  # fsynced with the checkpoint
+    trail = trail.audit_unsynced("checkpoint_written", **record)  # fsynced with the checkpoint
     dirs = list(dict.fromkeys([*folders, str(manifest.parent), str(target.parent)]))  # a new folder's entry too
     return [str(manifest), *([trail] if trail else [])], dirs, True
 
@@ -132,7 +134,7 @@ def _swap(fresh: Path, target: Path) -> None:
 
         shutil.rmtree(aside)
     else:
-        collective.say(f"the folder that was at {target} had no sprite manifest; it is kept as {aside}")
+        trail.say(f"the folder that was at {target} had no sprite manifest; it is kept as {aside}")
 
 
 def _is_folder_save(strategy) -> bool:
@@ -162,7 +164,7 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
         raise OSError(plan["error"])
     original(trainer, plan["write"], weights_only, storage_options)
     mine = describe_mine(Path(plan["write"]), trainer.global_rank, trainer.world_size, sync=plan["replaces"])
-    reports = collective.gather(mine)
+    reports = dist.gather(mine)
     files, folders, sealed = [], [], True
     if strategy.is_global_zero:
         files, folders, sealed = _finish(plan, target, trainer, weights_only, reports)
@@ -188,8 +190,8 @@ def install() -> None:
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    collective.wrap(Trainer, "save_checkpoint", save_checkpoint)
-    collective.wrap(ModelCheckpoint, "_remove_checkpoint", remove_checkpoint)
+    hooks.wrap(Trainer, "save_checkpoint", save_checkpoint)
+    hooks.wrap(ModelCheckpoint, "_remove_checkpoint", remove_checkpoint)
     from sprite.runtime.ckpt import dcp_read
 
     hashed_save.install()
