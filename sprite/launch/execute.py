@@ -57,7 +57,7 @@ def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: floa
     Raises UsageError when the launcher program is missing; subprocess.TimeoutExpired after ``timeout``;
     InterruptedError when ``cancel`` was set.
     """
-    from sprite.launch.supervisor import GRACE_SECONDS, stop_all
+    from sprite.launch.procgroup import GRACE_SECONDS, stop_groups as stop_all
 
     program = resolve_program(plan)
     deadline = None if timeout is None else time.monotonic() + timeout

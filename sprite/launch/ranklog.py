@@ -68,7 +68,7 @@ class Follower:
 
 def follow(cmd: list[str], paths: list[Path]) -> int:
     """Run ``cmd`` to its end while printing ``paths`` as they grow; return its exit code."""
-    from sprite.launch.supervisor import die_with_parent
+    from sprite.launch.procgroup import die_with_parent
 
     proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)
     for sig in FORWARDED:

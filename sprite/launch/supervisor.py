@@ -13,7 +13,6 @@ passed on.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import shutil
 import signal
@@ -26,32 +25,10 @@ from pathlib import Path
 from sprite.integrity import owner_only
 from sprite.contract import console as console_grammar
 from sprite.errors import EXIT_PREEMPTED
+from sprite.launch.procgroup import die_with_parent, pump, stop_groups as stop_all
 
-GRACE_SECONDS = 5.0
 PREEMPT_WAIT = 60.0  # seconds the others get after one rank stopped for preemption (they leave together)
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    # Linux only: the kernel sends SIGKILL to the rank if the supervisor itself is killed, so a `kill -9`
-    # of sprite leaves no orphan rank holding the rendezvous port.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _pump(stream, sink, prefix: bytes, log, lock: threading.Lock) -> None:
-    for line in iter(stream.readline, b""):
-        if sink is not None:
-            with lock:
-                sink.write(prefix + line)
-                sink.flush()
-        if log:
-            log.write(line)
-            log.flush()
-    stream.close()
 
 
 def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock, console: bool = True) -> tuple:
@@ -70,33 +47,11 @@ def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock
     log = owner_only.open_log(log_dir / f"rank{rank}.log") if log_dir else None
     prefix = f"[rank {rank}] ".encode()
     sinks = (sys.stdout.buffer, sys.stderr.buffer) if console else (None, None)
-    pumps = [threading.Thread(target=_pump, args=(s, sink, prefix, log, lock), daemon=True)
+    pumps = [threading.Thread(target=pump, args=(s, sink, log, lock, prefix), daemon=True)
              for s, sink in zip((proc.stdout, proc.stderr), sinks)]
-    for pump in pumps:
-        pump.start()
+    for thread in pumps:
+        thread.start()
     return proc, pumps, log
-
-
-def stop_all(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
-    """Send ``sig`` to every live rank's process group, then SIGKILL whatever is left after ``grace``."""
-    for proc in procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for proc in procs:
-        try:  # the group too: a rank's own children (data loader workers) must not outlive it
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
 
 
 def forward(procs: list[subprocess.Popen], sig: int) -> None:
@@ -163,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock, rank in shown) for rank in range(args.nproc)]
     code = supervise([proc for proc, _, _ in started], received)
     for _, pumps, log in started:
-        for pump in pumps:
-            pump.join(timeout=2)
+        for thread in pumps:
+            thread.join(timeout=2)
         if log:
             log.close()
     return code

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from sprite.launch.procgroup import pump, signal_group, stop_groups
 from sprite.recovery.reaper import become_subreaper, descendants, sweep
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -30,19 +31,6 @@ class Outcome:
     stopped_by: str = ""
 
 
-def _pump(stream, sink, log, lock: threading.Lock) -> None:
-    for line in iter(stream.readline, b""):
-        with lock:
-            log.write(line)
-            log.flush()
-            try:
-                sink.write(line)
-                sink.flush()
-            except (OSError, ValueError):
-                pass  # our own output is gone (closed terminal, broken pipe); keep draining the launcher's
-    stream.close()
-
-
 class Child:
     """A running launch. ``stop`` ends it: SIGTERM to its process group, SIGKILL after ``grace`` seconds."""
 
@@ -53,10 +41,10 @@ class Child:
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
-        self.pumps = [threading.Thread(target=_pump, args=(s, sink, self.log, self.lock), daemon=True)
+        self.pumps = [threading.Thread(target=pump, args=(s, sink, self.log, self.lock), daemon=True)
                       for s, sink in ((self.proc.stdout, sys.stdout.buffer), (self.proc.stderr, sys.stderr.buffer))]
-        for pump in self.pumps:
-            pump.start()
+        for thread in self.pumps:
+            thread.start()
 
     def note(self, text: str) -> None:
         """Write one line of sprite's own to stderr and to the attempt's log (the classifier reads it)."""
@@ -70,26 +58,18 @@ class Child:
                 pass
 
     def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(self.proc.pid, sig)
 
     def stop(self, grace: float) -> None:
-        self.signal_group(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        self.signal_group(signal.SIGKILL)
+        stop_groups([self.proc], grace=grace)
 
     def finish(self) -> int:
         """Wait for the launcher, kill whatever of it is left, close the log; returns the exit code (128+N)."""
         code = self.proc.wait()
         self.signal_group(signal.SIGKILL)
         sweep(self.spared)
-        for pump in self.pumps:
-            pump.join(timeout=5)
+        for thread in self.pumps:
+            thread.join(timeout=5)
         self.log.close()
         return code if code >= 0 else 128 - code
 
