@@ -1,15 +1,13 @@
-"""Make checkpoint files durable off the training loop's path, and remove a superseded checkpoint only after that.
+"""The background side of checkpointing: one thread per rank finishes each save off the training loop's path.
 
-A save to a new name returns once its files are written, hashed and sealed and rank 0 has appended its audit
-record; the fsync of its files, of its manifest, of the audit trail and of their folders runs on one background
-thread per rank (:func:`saved`). None of it may wait on the training loop's path: on ext4 a small fsync waits for
-a large one in progress (one journal), so a manifest fsynced during the save would wait for the checkpoint's own
-data. If the node crashes before the data reached the disk, the checkpoint has no manifest or one that no longer
-matches its files, so ``--resume auto`` skips it. The checkpoint before it is still on disk, because every removal that
-ModelCheckpoint asks for (``save_top_k``) waits on the same thread (:func:`remove_later`) until this rank's fsyncs
-are done and every rank has counted the newest save as durable in the process group's store. A save that
-replaces a checkpoint of the same name (``last.ckpt``, a folder in use) fsyncs before it replaces, during the
-save, so a durable checkpoint is always on disk. The script's end waits for all of it (:func:`drain`).
+A save returns to training once its state is copied off the device (``sprite.runtime.ckpt.seal``); the write, the
+hashing, the fsyncs, the manifest and then the removal of the checkpoint it supersedes are jobs run in order on
+this rank's one thread (:func:`later`). At most one save is in flight: the next save first waits for every job
+queued before it (:func:`wait`), and that wait is part of its stall. The end of a fit, a preemption and an
+exception wait too (:func:`drain`, called by the runtime), so a rank leaves only once its save is sealed or has
+failed. A save that failed on any rank is not sealed, keeps every older checkpoint, and fails the run: the next
+save, or the end of the fit, raises :class:`SaveFailed` with one line. A rank killed mid-save leaves a checkpoint
+without a manifest, which ``--resume auto`` skips.
 """
 
 from __future__ import annotations
@@ -19,19 +17,22 @@ import os
 import queue
 import sys
 import threading
-import time
 
-from sprite.integrity.writeonce import fsync_dir, fsync_file
+from sprite.errors import SpriteError, one_line
+from sprite.integrity.writeonce import fsync_file
 
 LOCK = threading.Lock()  # held while a name changes: a save putting a checkpoint in place, a removal
-WAIT_ALL_SECONDS = 1800.0  # as long as Lightning's default process-group timeout
-AT_EXIT_SECONDS = 120.0
+AT_EXIT_SECONDS = 1800.0  # as long as Lightning's default process-group timeout
+THREAD_NAME = "sprite-ckpt"
 
 _jobs: queue.Queue = queue.Queue()
 _thread: threading.Thread | None = None
 _failed: list[str] = []
-_saves = 0  # Trainer.save_checkpoint calls so far: the same count on every rank (every rank calls it)
-_unsealed: set[int] = set()  # saves of this process that came out without a manifest
+_unsealed = [False]  # whether the newest save came out without a manifest (then nothing it supersedes goes)
+
+
+class SaveFailed(SpriteError):
+    """A checkpoint saved in the background could not be written, made durable or sealed."""
 
 
 def _serve() -> None:
@@ -39,8 +40,14 @@ def _serve() -> None:
         job = _jobs.get()
         try:
             job()
-        except Exception as err:  # kept for check(), which the next save calls
-            _failed.append(f"{type(err).__name__}: {err}")
+        except Exception as err:  # kept for check(), which the next save and the end of the fit call
+            fail(f"{type(err).__name__}: {err}")
+
+
+def fail(reason: str) -> None:
+    """Record that background checkpoint work failed; says so on stderr at once (the run stops at the next save)."""
+    _failed.append(reason)
+    print(f"sprite: error: {one_line(reason, 400)}", file=sys.stderr, flush=True)
 
 
 def _forget() -> None:
@@ -56,7 +63,7 @@ def later(job) -> None:
     """Run ``job()`` on the background thread, after every job queued before it."""
     global _thread
     if _thread is None:
-        _thread = threading.Thread(target=_serve, name="sprite-durable", daemon=True)
+        _thread = threading.Thread(target=_serve, name=THREAD_NAME, daemon=True)
         _thread.start()
         atexit.register(drain, AT_EXIT_SECONDS)
     _jobs.put(job)
@@ -64,7 +71,7 @@ def later(job) -> None:
 
 def drain(seconds: float | None = None) -> bool:
     """Wait until every job queued so far has run (at most ``seconds``); True when they all have."""
-    if _thread is None:
+    if _thread is None or threading.current_thread() is _thread:
         return True
     done = threading.Event()
     _jobs.put(done.set)
@@ -72,9 +79,17 @@ def drain(seconds: float | None = None) -> bool:
 
 
 def check() -> None:
-    """Raises OSError when a background fsync or removal failed (the next save calls it, so the run stops)."""
+    """Raises SaveFailed when background checkpoint work failed (the next save and the end of the fit call it)."""
     if _failed:
-        raise OSError(f"a checkpoint could not be made durable in the background: {_failed[0]}")
+        raise SaveFailed(f"A checkpoint saved in the background failed: {one_line(_failed[0], 300)}.",
+                         "The disk may be full or the file system read-only; the previous checkpoint is kept.",
+                         "Free space or fix the file system, then resume with --resume auto.")
+
+
+def wait() -> None:
+    """Before a save: wait for the one in flight (at most one a rank), then raise if background work failed."""
+    drain()
+    check()
 
 
 def fsync_later(fd: int) -> None:
@@ -87,46 +102,9 @@ def fsync_later(fd: int) -> None:
     later(job)
 
 
-def _store():
-    """The process group's store and world size, or (None, 1) without a process group of more than one rank."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return dist.distributed_c10d._get_default_store(), dist.get_world_size()
-    except (ImportError, RuntimeError, ValueError):
-        pass
-    return None, 1
-
-
-def _key(save: int) -> str:
-    return f"sprite/durable/{save}"
-
-
-def saved(paths: list, dirs: list = (), sealed: bool = True) -> None:
-    """After this rank's part of a save: in the background, fsync the files ``paths`` and the folders ``dirs``,
-    and count this rank in for the save. ``sealed`` False (rank 0: the save has no manifest) keeps every
-    checkpoint that a removal asks for afterwards."""
-    global _saves
-    _saves += 1
-    save, (store, _) = _saves, _store()
-    if not sealed:
-        _unsealed.add(save)
-
-    def job():
-        try:
-            for path in paths:
-                fsync_file(path)
-            for path in dirs:
-                fsync_dir(path)
-        except Exception:
-            if store is not None:
-                store.add(_key(save) + "/failed", 1)
-            raise
-        finally:
-            if store is not None:
-                store.add(_key(save), 1)
-    later(job)
+def outcome(sealed: bool) -> None:
+    """Record on this rank (every rank learns it) whether the newest save was sealed."""
+    _unsealed[0] = not sealed
 
 
 def _identity(path) -> tuple | None:
@@ -137,32 +115,20 @@ def _identity(path) -> tuple | None:
     return info.st_dev, info.st_ino
 
 
-def _all_durable(store, world: int, save: int) -> bool:
-    """Whether every rank made save number ``save`` durable (waits up to WAIT_ALL_SECONDS for them to say)."""
-    deadline = time.monotonic() + WAIT_ALL_SECONDS
-    while store.add(_key(save), 0) < world:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return store.add(_key(save) + "/failed", 0) == 0
-
-
 def remove_later(path, remove) -> None:
-    """Call ``remove()`` (which removes ``path``) in the background once the newest save is durable on every rank.
+    """Call ``remove()`` (which removes ``path``) on the background thread, after the save in flight is sealed.
 
-    Nothing is removed when a fsync failed, when the newest save was not sealed, when a rank never confirmed, or
-    when ``path`` is no longer the file or folder it was when the removal was asked for (saved again under the
-    same name since): the older checkpoint stays, and sprite says so (but not for a name saved again)."""
-    save, (store, world), identity = _saves, _store(), _identity(path)
+    Nothing is removed when background work failed, when the newest save was not sealed, or when ``path`` is no
+    longer the file or folder it was when the removal was asked for (saved again under the same name since): the
+    older checkpoint stays, and sprite says so (but not for a name saved again)."""
+    identity = _identity(path)
 
     def job():
         reason = ""
         if _failed:
-            reason = "a newer checkpoint could not be made durable"
-        elif save in _unsealed:
+            reason = "a newer checkpoint could not be saved"
+        elif _unsealed[0]:
             reason = "the newer checkpoint was not sealed"
-        elif store is not None and save and not _all_durable(store, world, save):
-            reason = "not every rank confirmed that the newer checkpoint is on disk"
         if reason:
             print(f"sprite: kept {path}: {reason}", file=sys.stderr, flush=True)
             return
@@ -170,3 +136,9 @@ def remove_later(path, remove) -> None:
             if identity is not None and _identity(path) == identity:
                 remove()
     later(job)
+
+
+def fsync_all(paths: list) -> None:
+    """fsync each file of ``paths`` (raises OSError)."""
+    for path in paths:
+        fsync_file(path)

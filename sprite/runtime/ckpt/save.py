@@ -1,58 +1,99 @@
-"""Lightning's checkpoint writes, hashed as they are written and made durable off the training loop's path.
+"""Lightning's checkpoint writes: hashed, made durable, and (inside a sealed save) run in the background.
 
 Single file: Lightning 2.6.6 serializes a checkpoint into memory and writes the bytes through an fsspec
-transaction (fabric/utilities/cloud_io.py:85-117, called from fabric/plugins/io/torch_io.py:58). For a local path
-sprite has ``torch.save`` write straight into a new temporary name beside the target (never through a symlink; no
-copy of the checkpoint in memory), hashes the file's 64 MiB pieces on a pool of threads from the page cache
-(``sprite.integrity.digest.open_file``) and renames it to the target as Lightning's transaction does. A file that replaces
-one of the same name is fsynced first, by one more thread while the others hash; a new name is fsynced in the
-background (``sprite.runtime.ckpt.durable``). Sealing the file later costs no second read. Remote paths keep
-Lightning's own write.
+transaction (fabric/utilities/cloud_io.py:85-117, called from fabric/plugins/io/torch_io.py:58). sprite replaces
+that write. Inside a save that ``sprite.runtime.ckpt.seal`` runs (:func:`collecting`), the checkpoint is copied
+off the device (``sprite.runtime.ckpt.stage``) and :func:`write_file` runs later on the background thread:
+``torch.save`` into a new temporary name beside the target (never through a symlink), fsync, a pool of threads
+hashes its 64 MiB pieces from the page cache; the seal renames it to the target once every rank's files are
+durable. Called outside such a save, :func:`atomic_save` does the same at once and renames at the end. Remote
+paths keep Lightning's own write.
 
 Sharded folder: Lightning's ``torch.distributed.checkpoint.save`` (fabric/strategies/fsdp.py:860, imported by
-pytorch/strategies/model_parallel.py and fsdp.py) infers a ``FileSystemWriter`` that writes each rank's shards on
-one thread and fsyncs every file. sprite's writer (``sprite.runtime.ckpt.dcp_write``) writes each rank's one shard file
-without a ``torch.save`` per tensor, hashes its 64 MiB pieces while the file is still being written
-(``sprite.integrity.digest.Growing``), so the seal reads none of them again, and leaves the fsync to
-``sprite.runtime.ckpt.seal``, which does it in the background for a new folder.
+pytorch/strategies/model_parallel.py and fsdp.py) is replaced by :func:`dcp_save`: torch's ``dcp.async_save``
+with torch's ``FileSystemWriter`` (``sprite.runtime.ckpt.dcp_write``) inside a sealed save, which returns once the
+state is staged in host memory; ``dcp.save`` with the same writer outside one. The seal hashes the files after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from pathlib import Path
 
 from sprite.integrity import digest
+from sprite.integrity.writeonce import created
 from sprite.runtime.ckpt import durable
 from sprite.runtime.ckpt.gcpause import paused_gc
-from sprite.integrity.writeonce import created
 
 # realpath -> (size, mtime_ns, inode, sprite.integrity.digest entry, whether its fsync is seen to) of files this process
 # wrote and hashed in one pass
 _WRITTEN: dict[str, tuple[int, int, int, dict, bool]] = {}
+_collect: list | None = None  # the background writes of the save seal.py is running, while it runs
+_host = None  # this rank's reusable host buffers (stage.HostCopy)
+_dcp_writer = None  # this rank's FileSystemWriter for async saves (keeps its pinned host copy from save to save)
+
+
+class Pending:
+    """One background write of a save: ``run()`` waits for or does the write and returns ``{name: entry}`` of
+    the files it hashed (names relative to the checkpoint's folder, or the file's own name); ``publish()``, on
+    rank 0 once every rank's files are durable, puts a file in place; ``discard()`` removes what a failed save
+    left under a temporary name."""
+
+    def __init__(self, run, publish=lambda: None, discard=lambda: None):
+        self.run, self.publish, self.discard = run, publish, discard
+
+
+@contextlib.contextmanager
+def collecting():
+    """Inside the block, Lightning's writes are staged and returned as :class:`Pending` writes in the list yielded,
+    to be run in the background."""
+    global _collect
+    _collect = []
+    try:
+        yield _collect
+    finally:
+        _collect = None
+
+
+def _temp(target: Path) -> Path:
+    return target.with_name(f".{target.name}.sprite-tmp-{secrets.token_hex(4)}")
+
+
+def _write_temp(checkpoint, temp: Path, fsync: bool) -> tuple[dict, int | None]:
+    """``torch.save`` into the new file ``temp``, hashed from the page cache (and fsynced by one more thread while
+    the others hash, when ``fsync``). Returns the entry and, when not ``fsync``, a duplicate descriptor to fsync
+    later."""
+    import torch
+
+    from sprite.runtime.ckpt.dcp_write import no_crc32
+
+    with created(temp, mode=None, readable=True, sync=False) as fd:
+        with os.fdopen(os.dup(fd), "wb") as out, no_crc32():  # torch.save's writer for any file object
+            torch.save(checkpoint, out)
+        entry = digest.open_file(fd, beside=(lambda: os.fsync(fd)) if fsync else None)
+        return entry, None if fsync else os.dup(fd)
 
 
 def atomic_save(checkpoint: dict, filepath) -> None:
-    """Serialize ``checkpoint`` with ``torch.save`` and put it at ``filepath`` whole or not at all.
+    """Serialize ``checkpoint`` with ``torch.save`` and put it at ``filepath`` whole or not at all, now; or, inside
+    :func:`collecting` for a local path, copy it to host memory and leave the write to the background.
 
     Raises:
         OSError: the write, fsync or rename failed (the temporary file is removed).
     """
-    import torch
-
     text = os.fspath(filepath)
     if "://" in text:
         return _lightning_atomic_save(checkpoint, filepath)
     target = Path(text)
-    temp = target.with_name(f".{target.name}.sprite-tmp-{secrets.token_hex(4)}")
+    if _collect is not None:
+        return _collect.append(_staged_file(checkpoint, target))
+    temp = _temp(target)
     replacing, keep = os.path.lexists(target), None
     try:
-        with created(temp, mode=None, readable=True, sync=False) as fd:
-            with os.fdopen(os.dup(fd), "wb") as out, paused_gc():  # torch.save's writer for any file object
-                torch.save(checkpoint, out)
-            entry = digest.open_file(fd, beside=(lambda: os.fsync(fd)) if replacing else None)
-            keep = None if replacing else os.dup(fd)
+        with paused_gc():
+            entry, keep = _write_temp(checkpoint, temp, fsync=replacing)
         with durable.LOCK:
             os.replace(temp, target)  # as Lightning's transaction commit does (fsspec LocalFileOpener.commit)
     except BaseException:
@@ -65,6 +106,30 @@ def atomic_save(checkpoint: dict, filepath) -> None:
     if keep is not None:
         durable.fsync_later(keep)
     _remember(target, entry, fsync_seen_to=True)
+
+
+def _staged_file(checkpoint: dict, target: Path) -> Pending:
+    """The checkpoint copied off the device now; its write, fsync and hash later (module docstring)."""
+    global _host
+    from sprite.runtime.ckpt.stage import HostCopy
+
+    _host = _host or HostCopy()
+    with paused_gc():
+        host = _host.copy(checkpoint)
+    temp = _temp(target)
+
+    def run() -> dict:
+        entry, _ = _write_temp(host, temp, fsync=True)
+        return {target.name: entry}
+
+    def publish() -> None:
+        os.replace(temp, target)  # the caller holds durable.LOCK
+
+    def discard() -> None:
+        if os.path.lexists(temp):
+            os.unlink(temp)
+
+    return Pending(run, publish, discard)
 
 
 def _remember(path, entry: dict, fsync_seen_to: bool) -> None:
@@ -102,19 +167,50 @@ def _lightning_atomic_save(checkpoint, filepath) -> None:
     _atomic_save(checkpoint, filepath)
 
 
-def dcp_save(converted_state: dict, path) -> None:
-    """Lightning's ``_distributed_checkpoint_save`` with sprite's writer (``sprite.runtime.ckpt.dcp_write``): one new
-    shard file a rank, hashed while it is written, no fsync (the seal sees to it). Every rank calls it, as
-    Lightning does."""
-    from torch.distributed.checkpoint import save
+def dcp_save(converted_state: dict, path, process_group=None) -> None:
+    """Lightning's ``_distributed_checkpoint_save`` with torch's ``FileSystemWriter`` as sprite sets it up
+    (``sprite.runtime.ckpt.dcp_write``). Every rank calls it, as Lightning does. Inside :func:`collecting`: torch's
+    ``dcp.async_save``, which returns once the state is staged in host memory; the write goes on in the
+    background and the :class:`Pending` added waits for it. Otherwise ``dcp.save`` now. No fsync (the seal sees
+    to it); the files are hashed when the save is sealed."""
+    from sprite.runtime.ckpt import dcp_write
 
-    from sprite.runtime.ckpt.dcp_write import Writer
+    if _collect is None:
+        from torch.distributed.checkpoint import save
 
-    writer = Writer(path)
-    with paused_gc():
-        save(converted_state, storage_writer=writer)
-    for name, entry in writer.entries.items():
-        _remember(name, entry, fsync_seen_to=False)
+        with paused_gc(), dcp_write.no_crc32():
+            save(converted_state, storage_writer=dcp_write.writer(path))
+        return
+    _collect.append(_async_dcp(converted_state, path, process_group or _group))
+
+
+_group = None  # the process group background saves use (set by seal.py)
+
+
+def _async_dcp(state: dict, path, group) -> Pending:
+    global _dcp_writer
+    from torch.distributed.checkpoint import async_save
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    from sprite.runtime.ckpt import dcp_write
+
+    _dcp_writer = _dcp_writer or dcp_write.writer(path)
+    crc = contextlib.ExitStack()
+    crc.enter_context(dcp_write.no_crc32())
+    try:
+        with paused_gc():
+            future = async_save(state, checkpoint_id=path, storage_writer=_dcp_writer, process_group=group,
+                                async_checkpointer_type=AsyncCheckpointerType(dcp_write.MODE))
+    except BaseException:
+        crc.close()
+        raise
+    future.add_done_callback(lambda _: crc.close())
+
+    def run() -> dict:
+        future.result()
+        return {}
+
+    return Pending(run)
 
 
 def install() -> None:

@@ -1,14 +1,16 @@
-"""Seal every checkpoint a script saves under ``python -m sprite.runtime`` with a manifest, and drop it on removal.
+"""Seal every checkpoint a script saves under ``python -m sprite.runtime`` with a manifest, in the background.
 
 ``Trainer.save_checkpoint`` is where every save goes (ModelCheckpoint calls it, Lightning 2.6.6
-callbacks/model_checkpoint.py:600, and it runs on every rank, trainer/trainer.py:1463-1465), so sprite wraps it:
-rank 0 first picks a name that does not exist (a save never writes into an existing checkpoint folder), every
-rank then saves as Lightning does and hashes the files it wrote, and rank 0 seals once every rank has confirmed.
-A new name's files, manifest and folders are fsynced in the background (``durable``); a save that replaces a
-checkpoint is fsynced during the save, and a folder save to a name in use goes to a fresh hidden folder that
-replaces the old one only when complete.
-``ModelCheckpoint._remove_checkpoint`` (save_top_k) runs once the newer checkpoint is durable on every rank, and
-also removes the manifest sprite wrote beside a file.
+callbacks/model_checkpoint.py:600, the preemption save too, and it runs on every rank, trainer/trainer.py:1463-1465),
+so sprite wraps it. The training loop's part (the stall): wait for the save in flight (at most one a rank,
+``durable.wait``), rank 0 picks a name that does not exist (a save never writes into an existing checkpoint
+folder), and every rank runs Lightning's save, whose writes sprite stages in host memory
+(``sprite.runtime.ckpt.save``). The rest is one job on this rank's background thread (``durable``): the writes,
+the hashes, the fsync of this rank's files and folders, then a gather on a gloo process group of its own; rank 0
+puts the checkpoint in place, writes the manifest last (fsynced) and tells every rank the outcome. A save that
+fails on any rank is not sealed, removes nothing, and fails the run at the next save or the end of the fit.
+``ModelCheckpoint._remove_checkpoint`` (save_top_k) runs after that job, and also removes the manifest sprite
+wrote beside a file.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sprite import integrity
 from sprite.runtime import dist
 from sprite.runtime import hooks
 from sprite.runtime import trail
+from sprite.runtime.ckpt import background
 from sprite.runtime.ckpt import durable
 from sprite.runtime.ckpt import save as hashed_save
 
@@ -91,36 +94,65 @@ def _meta(trainer, fmt: str, weights_only) -> dict:
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")}
 
 
-def _finish(plan: dict, target: Path, trainer, weights_only, reports: list) -> tuple[list, list, bool]:
-    """Rank 0: swap a fresh folder into place, replace a stale manifest, seal, record. A save that replaces a
-    checkpoint is fsynced now; for a new name, returns the files (manifest, audit trail) and folders to fsync in
-    the background. The last item says whether the checkpoint came out sealed."""
-    written, sync = Path(plan["write"]), plan["replaces"]
-    failed = [info for ok, info, _ in reports if not ok]
+def _finish(plan: dict, target: Path, meta: dict, pending: list, reports: list) -> bool:
+    """Rank 0, once every rank reported: put the checkpoint in place (a file renamed from its temporary name, a
+    fresh folder swapped in), drop a stale manifest, seal (fsynced) and record. Returns whether it is sealed."""
+    written = Path(plan["write"])
+    failed = [info for ok, info in reports if not ok]
     if failed:
-        trail.say(f"checkpoint {target} is not sealed (a rank could not confirm its files): {'; '.join(failed)}")
-        trail.audit("checkpoint_written", path=str(target), step=trainer.global_step, verified=False)
-        return [], [], False
-    files = {rel: entry for ok, info, _ in reports for rel, entry in info.items()}
-    folders = [folder for folder, _, _ in os.walk(written)] if written.is_dir() else []
-    if sync:
-        for folder in folders:
-            integrity.fsync_dir(folder)
+        trail.say(f"checkpoint {target} is not sealed (a rank could not write or confirm its files): "
+                  f"{'; '.join(failed)}")
+        trail.audit("checkpoint_written", path=str(target), step=meta["step"], verified=False)
+        return False
+    files = {rel: entry for ok, info in reports for rel, entry in info.items()}
     with durable.LOCK:
+        stale = integrity.manifest_path(target)
+        if not plan["folder"] and os.path.lexists(stale):
+            os.unlink(stale)  # sprite's manifest of the file this save replaces
+        for write in pending:
+            write.publish()
         if plan["swap"]:
             _swap(written, target)
-        stale = integrity.manifest_path(target)
-        if not target.is_dir() and os.path.lexists(stale):
-            os.unlink(stale)  # sprite's manifest of the file Lightning has just replaced (cloud_io._atomic_save)
-        fmt = "dcp" if target.is_dir() else "file"
-        manifest = integrity.seal(target, _meta(trainer, fmt, weights_only), files, sync=sync)
-    record = {"path": str(target), "step": trainer.global_step, "verified": True}
-    if sync:
-        trail.audit("checkpoint_written", **record)
-        return [], [], True
-    trail = trail.audit_unsynced("checkpoint_written", **record)  # fsynced with the checkpoint
-    dirs = list(dict.fromkeys([*folders, str(manifest.parent), str(target.parent)]))  # a new folder's entry too
-    return [str(manifest), *([trail] if trail else [])], dirs, True
+        integrity.fsync_dir(target.parent)
+        integrity.seal(target, meta, files, sync=True)
+    trail.audit("checkpoint_written", path=str(target), step=meta["step"], verified=True)
+    return True
+
+
+def _complete(plan: dict, target: Path, meta: dict, pending: list, rank: int, world: int, group) -> None:
+    """The background job of one save on every rank (module docstring). Raises SaveFailed when the save came out
+    without a manifest (kept by durable, so the run stops)."""
+    written = Path(plan["write"])
+    try:
+        files = {}
+        for write in pending:
+            files.update(write.run())
+        if plan["folder"]:
+            ok, mine, _ = describe_mine(written, rank, world, sync=True)
+            if not ok:
+                raise OSError(mine)
+            files.update(mine)
+            for folder in [folder for folder, _, _ in os.walk(written)]:
+                integrity.fsync_dir(folder)
+        report = (True, files)
+    except Exception as err:  # told to rank 0, which then seals nothing
+        report = (False, f"rank {rank}: {type(err).__name__}: {err}")
+    reports = background.gather(report, group, rank, world)
+    sealed = False
+    if rank == 0:
+        try:
+            sealed = _finish(plan, target, meta, pending, reports)
+        except Exception as err:
+            trail.say(f"checkpoint {target} is not sealed: {type(err).__name__}: {err}")
+    sealed = background.broadcast(sealed, group, rank, world)
+    durable.outcome(sealed)
+    if not sealed:
+        for write in pending:
+            write.discard()
+        reason = report[1] if not report[0] else "another rank could not write its files (its log says why)"
+        raise durable.SaveFailed(f"Checkpoint {target} was not saved: {reason}.",
+                                 "The disk may be full or the file system read-only; the previous checkpoint is "
+                                 "kept.", "Free space or fix the file system, then resume with --resume auto.")
 
 
 def _swap(fresh: Path, target: Path) -> None:
@@ -144,32 +176,34 @@ def _is_folder_save(strategy) -> bool:
 
 
 def save_checkpoint(original, trainer, filepath, weights_only=None, storage_options=None) -> None:
-    """Lightning's save, then the seal. Every rank calls it, as Lightning requires.
+    """Lightning's save, staged in host memory; written and sealed in the background. Every rank calls it, as
+    Lightning requires.
 
     Raises:
-        OSError: rank 0 could not create the checkpoint's folder (raised on every rank), or an earlier
-            checkpoint's background fsync failed (raised on that rank).
+        SaveFailed: an earlier checkpoint could not be saved in the background (raised on every rank).
+        OSError: rank 0 could not create the checkpoint's folder (raised on every rank).
     """
-    durable.check()
+    durable.wait()
     strategy = trainer.strategy
     target = Path(os.path.abspath(filepath))
+    folder = _is_folder_save(strategy)
     plan = None
     if strategy.is_global_zero:
         try:
-            plan = _plan(target, _is_folder_save(strategy))
+            plan = _plan(target, folder)
         except OSError as err:
             plan = {"error": f"cannot create the checkpoint folder for {target}: {err}"}
     plan = strategy.broadcast(plan)
     if "error" in plan:
         raise OSError(plan["error"])
-    original(trainer, plan["write"], weights_only, storage_options)
-    mine = describe_mine(Path(plan["write"]), trainer.global_rank, trainer.world_size, sync=plan["replaces"])
-    reports = dist.gather(mine)
-    files, folders, sealed = [], [], True
-    if strategy.is_global_zero:
-        files, folders, sealed = _finish(plan, target, trainer, weights_only, reports)
-    durable.saved([*mine[2], *files], folders, sealed=sealed)
-    strategy.barrier("sprite.seal_checkpoint")
+    plan["folder"] = folder
+    group = background.group()
+    hashed_save._group = group
+    with hashed_save.collecting() as pending:
+        original(trainer, plan["write"], weights_only, storage_options)
+    meta = _meta(trainer, "dcp" if folder else "file", weights_only)
+    rank, world = trainer.global_rank, trainer.world_size
+    durable.later(lambda: _complete(plan, target, meta, pending, rank, world, group))
 
 
 def remove_checkpoint(original, callback, trainer, filepath) -> None:
@@ -185,8 +219,9 @@ def remove_checkpoint(original, callback, trainer, filepath) -> None:
 
 
 def install() -> None:
-    """Wrap ``Trainer.save_checkpoint`` and ``ModelCheckpoint._remove_checkpoint``, hash single-file saves
-    while they are written, and read sharded checkpoints with sprite's reader (idempotent)."""
+    """Wrap ``Trainer.save_checkpoint``, ``ModelCheckpoint._remove_checkpoint`` and ``Trainer._teardown`` (the
+    end of a fit waits for the save in flight), route Lightning's writes through sprite's, and read sharded
+    checkpoints with sprite's reader (idempotent)."""
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -195,4 +230,5 @@ def install() -> None:
     from sprite.runtime.ckpt import dcp_read
 
     hashed_save.install()
+    background.install()
     dcp_read.install()
