@@ -3,7 +3,8 @@
 Two checks are shared across the assertions (module-scoped): FP32 and BF16, `tiny`, 2 ranks, reshard 2 -> 1, the
 BF16 one with 4 launch slots. Each runs every role of the four arms, the reshard, the export and the 12 fault cases;
 the other tests reuse their directories (copies where they alter something), so the module launches two checks and
-one extra fit.
+one extra fit. The FP32 check is the installed `sprite ckpt-check` command as users type it (the headline command;
+tests/test_headline_commands.py says so).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from sprite.parity.ckpt.cli import app
 from sprite.parity.ckpt.criterion import FAMILIES
 from sprite.parity.ckpt.settings import FAULTS
 
+from conftest import OUTSIDE_CHECKOUT
+
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ARMS = {"single", "ddp", "fsdp", "fsdp_file", "fsdp_reshard", "export ddp", "export fsdp_file", "export fsdp"}
@@ -40,9 +43,17 @@ def _run(tmp_path_factory, name: str, *args: str):
     return out, code, text
 
 
+# The headline command (README), as typed: `sprite ckpt-check` with the cheapest options (2 ranks, FP32, tiny).
+HEADLINE = ("ckpt-check", "--devices", "2")
+
+
 @pytest.fixture(scope="module")
-def fp32(tmp_path_factory):
-    return _run(tmp_path_factory, "fp32", "--precision", "32-true")
+def fp32(tmp_path_factory, sprite_cmd):
+    """``sprite ckpt-check --devices 2 --out DIR`` in its own process: (DIR, exit code, output)."""
+    out = tmp_path_factory.mktemp("fp32") / "check"
+    done = subprocess.run([*sprite_cmd, *HEADLINE, "--out", str(out)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=1800, cwd=OUTSIDE_CHECKOUT)
+    return out, done.returncode, done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +80,9 @@ def flip_byte(path: Path) -> None:
 def test_every_arm_passes_bit_for_bit_and_every_fault_is_rejected_for_its_reason(fixture, request):
     out, code, text = request.getfixturevalue(fixture)
     assert code == 0, text
+    settings = json.loads((out / "run.json").read_text())
+    assert (settings["precision"], settings["devices"], settings["nodes"], settings["model"]) == (
+        {"fp32": "32-true", "bf16": "bf16-mixed"}[fixture], 2, 1, "tiny")
     report = report_of(out)
     assert report["verdict"] == "pass" and all(c["passed"] for c in report["checks"])
     assert {c["arm"] for c in report["checks"]} == ARMS

@@ -1,5 +1,5 @@
-"""Typer conventions: typed integers and fixed choices in --help, --version, shell completion, and one command
-shape for `sprite parity` (a group: run and compare) with a migration error for the old form."""
+"""Typer conventions: typed integers and fixed choices in --help, --version and shell completion. The command
+shape of `sprite parity`, `sprite bench` and `sprite ckpt-check` is tested in tests/test_parity_cli.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import re
 import shlex
 import subprocess
 
-import pytest
 from typer.testing import CliRunner
 
 from sprite.cli import app as cli
@@ -34,7 +33,7 @@ def test_run_help_shows_integers_and_the_allowed_values():
 
 
 def test_parity_fault_help_lists_the_six_faults():
-    text = " ".join(help_text("parity", "run").split())
+    text = " ".join(help_text("parity").split())
     assert len(FAULTS) == 6 and all(fault in text for fault in FAULTS)
 
 
@@ -52,13 +51,3 @@ def test_shell_completion(sprite_cmd):
     line = " ".join(shlex.quote(part) for part in [*sprite_cmd, "--show-completion", "bash"]) + "; exit $?"
     script = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
     assert script.returncode == 0 and "_SPRITE_COMPLETE=complete_bash" in script.stdout
-
-
-def test_old_parity_form_gets_a_migration_error(capsys):
-    with pytest.raises(SystemExit) as exit:
-        cli.main(["parity", "--precision", "bf16-mixed", "--out", "runs/x"])
-    err = capsys.readouterr().err.strip()
-    assert exit.value.code == 2 and len(err.splitlines()) == 1
-    assert err.startswith("sprite: error: `sprite parity --precision ...` is the old form")
-    assert "Run `sprite parity run --precision bf16-mixed --out runs/x`" in err
-    assert {"run", "compare"} <= set(help_text("parity").split())

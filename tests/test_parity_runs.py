@@ -2,7 +2,9 @@
 
 Four runs are shared across the assertions (module-scoped): FP32 and BF16 with 2 ranks and with 3 ranks
 (non-power-of-two); the BF16 runs carry the negative controls (loss-level faults at 2 ranks, the four
-DDP-only faults at 3 ranks), so every fault kind is run and must be rejected for its own reason.
+DDP-only faults at 3 ranks), so every fault kind is run and must be rejected for its own reason. Each run is the
+installed `sprite` command as users type it; the BF16 run at 2 ranks is the headline command
+`sprite parity --precision bf16-mixed --devices 2` (tests/test_headline_commands.py says so).
 """
 
 from __future__ import annotations
@@ -30,32 +32,37 @@ def invoke(*args: str):
     return result.exit_code, text
 
 
-def _run(tmp_path_factory, name: str, *args: str):
+# The headline command (README), as typed; the fixture adds --out, --details and two negative controls.
+HEADLINE = ("parity", "--precision", "bf16-mixed", "--devices", "2")
+
+
+def _run(tmp_path_factory, sprite_cmd, name: str, *args: str):
+    """``sprite parity ARGS --out DIR --details`` in its own process, as a user types it: (DIR, exit code, output)."""
     out = tmp_path_factory.mktemp(name) / "run"
-    code, text = invoke("run", "--out", str(out), "--details", *args)
-    return out, code, text
+    done = subprocess.run([*sprite_cmd, *args, "--out", str(out), "--details"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=1200, cwd=OUTSIDE_CHECKOUT)
+    return out, done.returncode, done.stdout
 
 
 @pytest.fixture(scope="module")
-def fp32_2(tmp_path_factory):
-    return _run(tmp_path_factory, "fp32_2", "--precision", "32-true", "--devices", "2")
+def fp32_2(tmp_path_factory, sprite_cmd):
+    return _run(tmp_path_factory, sprite_cmd, "fp32_2", "parity", "--precision", "32-true", "--devices", "2")
 
 
 @pytest.fixture(scope="module")
-def fp32_3(tmp_path_factory):
-    return _run(tmp_path_factory, "fp32_3", "--precision", "32-true", "--devices", "3")
+def fp32_3(tmp_path_factory, sprite_cmd):
+    return _run(tmp_path_factory, sprite_cmd, "fp32_3", "parity", "--precision", "32-true", "--devices", "3")
 
 
 @pytest.fixture(scope="module")
-def bf16_2(tmp_path_factory):
-    return _run(tmp_path_factory, "bf16_2", "--precision", "bf16-mixed", "--devices", "2",
-                "--fault", "missing-rank", "--fault", "wrong-scale")
+def bf16_2(tmp_path_factory, sprite_cmd):
+    return _run(tmp_path_factory, sprite_cmd, "bf16_2", *HEADLINE, "--fault", "missing-rank", "--fault", "wrong-scale")
 
 
 @pytest.fixture(scope="module")
-def bf16_3(tmp_path_factory):
-    return _run(tmp_path_factory, "bf16_3", "--precision", "bf16-mixed", "--devices", "3", "--fault",
-                "fp32-backbone", "--fault", "local-adapter", "--fault", "scale-grad", "--fault", "skip-update")
+def bf16_3(tmp_path_factory, sprite_cmd):
+    return _run(tmp_path_factory, sprite_cmd, "bf16_3", "parity", "--precision", "bf16-mixed", "--devices", "3",
+                "--fault", "fp32-backbone", "--fault", "local-adapter", "--fault", "scale-grad", "--fault", "skip-update")
 
 
 def _report(out, name):
@@ -89,6 +96,9 @@ def test_bf16_criterion_v2_passes_with_gate_and_invariants(fixture, request):
     assert set(report["diagnostics"]["per_step"]) == {
         "ddp vs split", "fsdp vs split", "split_premul vs split", "ddp vs split_premul", "fsdp vs split_premul"}
     assert "bf16_vs_fp32" in report["diagnostics"]
+    settings = json.loads((out / "run.json").read_text())
+    assert (settings["precision"], settings["devices"], settings["accelerator"]) == ("bf16-mixed", int(fixture[-1]), "auto")
+
 
 
 EVIDENCE = {"missing-rank": {"pre_norm", "gradients"}, "wrong-scale": {"pre_norm", "gradients"},
@@ -158,7 +168,7 @@ def test_missing_fault_case_is_not_executed_and_fails(bf16_2, tmp_path):
 def test_rerun_into_a_used_directory_is_refused(fp32_2):
     out = fp32_2[0]
     before = (out / "ddp" / "sprite-manifest.json").read_bytes()
-    code, text = invoke("run", "--out", str(out), "--devices", "2")
+    code, text = invoke("--out", str(out), "--devices", "2")
     assert code == 2 and "not empty" in text
     assert (out / "ddp" / "sprite-manifest.json").read_bytes() == before
 
@@ -176,7 +186,7 @@ def test_reports_are_strict_json(bf16_2):
     (["--model", "Qwen/Qwen2.5-0.5B"], "hub"),
 ])
 def test_bad_usage_exits_2_before_running(args, words, tmp_path):
-    code, text = invoke("run", "--out", str(tmp_path / "never"), *args)
+    code, text = invoke("--out", str(tmp_path / "never"), *args)
     assert code == 2 and words in text
     assert not (tmp_path / "never").exists()
 
@@ -190,7 +200,7 @@ def test_command_module_imports_nothing_heavy():
 
 def test_an_arm_past_the_time_limit_ends_the_check_as_not_executed(tmp_path):
     out = tmp_path / "run"
-    code, text = invoke("run", "--out", str(out), "--devices", "2", "--time-limit", "2")
+    code, text = invoke("--out", str(out), "--devices", "2", "--time-limit", "2")
     assert code == 1 and "not executed: timed out after 2 s" in text
     left = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout  # ww: uncut lines
     assert str(out) not in left  # the stopped arm left nothing running

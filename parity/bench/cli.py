@@ -1,5 +1,6 @@
 """`sprite bench`: the training step measured (step time, tokens/s, FLOPs and MFU, memory, data loading,
-communication) across world sizes, against baselines run in the same job. Mount ``app`` as `sprite bench`.
+communication) across world sizes, against baselines run in the same job. Mount ``app`` as `sprite bench` (the
+shape of parity/command.py: its options run the benchmark, `run` is the same command, `compare` sits beside it).
 
 Imports nothing heavy at module import (no torch, lightning or transformers): `sprite --help` stays instant.
 Exit codes: 0 every launch measured (compare: no regression), 1 a launch failed (compare: step time
@@ -9,25 +10,12 @@ regressed), 2 bad usage.
 from __future__ import annotations
 
 import pathlib
-import sys
 from typing import List, Optional
 
 import typer
 
-from sprite.errors import EXIT_CHECK_FAILED, EXIT_OK, SpriteError, UsageError, report
-
-app = typer.Typer(
-    name="bench", invoke_without_command=True, no_args_is_help=False, add_completion=False,
-    help="Measure the training step (step time, tokens/s, MFU, memory, communication) across world sizes, "
-         "against a plain PyTorch loop and Lightning under torchrun, in the same run.\n\n"
-         "Example: sprite bench --sweep 1,2 --baseline raw --out runs/bench",
-)
-
-
-def _fail(err: SpriteError) -> None:
-    print(report(err), file=sys.stderr, flush=True)
-    raise typer.Exit(err.exit_code)
-
+from sprite.errors import EXIT_CHECK_FAILED, EXIT_OK, SpriteError, UsageError
+from sprite.parity.command import fail, harness
 
 def _run(out: pathlib.Path, settings) -> int:
     from rich.console import Console
@@ -49,9 +37,7 @@ def _run(out: pathlib.Path, settings) -> int:
     return EXIT_CHECK_FAILED if report["failures"] else EXIT_OK
 
 
-@app.callback()
 def bench(
-    ctx: typer.Context,
     out: Optional[pathlib.Path] = typer.Option(None, help="A fresh folder for the records and the report."),
     model: str = typer.Option("tiny", help="tiny, qwen2.5-0.5b-shape, or a local checkpoint folder."),
     lora: bool = typer.Option(True, "--lora/--full", help="Train LoRA adapters (default) or every weight."),
@@ -75,8 +61,6 @@ def bench(
     attention: str = typer.Option("sdpa", help="Hugging Face attention: sdpa or eager."),
 ) -> None:
     """Launch every arm at every world size, then report."""
-    if ctx.invoked_subcommand is not None:
-        return
     try:
         if out is None:
             raise UsageError("No --out folder given.", "Every benchmark needs a fresh place for its results.",
@@ -87,8 +71,15 @@ def bench(
                                  devices, list(baseline or []), repeats, compile_, measure_peak, accelerator, attention)
         code = _run(out, settings)
     except SpriteError as err:
-        _fail(err)
+        fail(err)
     raise typer.Exit(code)
+
+
+app = harness("bench", bench,
+              "Measure the training step (step time, tokens/s, MFU, memory, communication) across world sizes, "
+              "against a plain PyTorch loop and Lightning under torchrun, in the same run.",
+              ["sprite bench --sweep 1,2 --baseline raw --out runs/bench",
+               "sprite bench compare runs/old runs/new --tolerance 0.05"])
 
 
 @app.command("compare")
@@ -105,7 +96,7 @@ def compare_command(
 
         rows = compare(load(old), load(new), tolerance)
     except SpriteError as err:
-        _fail(err)
+        fail(err)
     for row in rows:
         state = "REGRESSED" if row["regressed"] else "ok"
         typer.echo(f"world {row['world']}: {row['old_s'] * 1e3:.2f} ms -> {row['new_s'] * 1e3:.2f} ms, "

@@ -1,7 +1,8 @@
-"""`sprite parity run` and `sprite parity compare`: do DDP and FSDP2 compute what one device computes?
+"""`sprite parity` and `sprite parity compare`: do DDP and FSDP2 compute what one device computes?
 
-Mount ``app`` as `sprite parity` (a group: one command per action). Imports nothing heavy at module import (no
-torch, lightning or transformers): `sprite --help` stays instant. Exit codes: 0 pass, 1 fail or void, 2 bad usage.
+Mount ``app`` as `sprite parity` (the shape of parity/command.py: its options run the check, `run` is the same
+command, `compare` sits beside it). Imports nothing heavy at module import (no torch, lightning or transformers):
+`sprite --help` stays instant. Exit codes: 0 pass, 1 fail or void, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -9,15 +10,14 @@ from __future__ import annotations
 import enum
 import json
 import pathlib
-import sys
 import time
 from typing import List, Optional
 
 import typer
-from typer.core import TyperGroup
 
 from sprite.contract import ACCELERATORS
-from sprite.errors import EXIT_OK, SpriteError, UsageError, report
+from sprite.errors import EXIT_OK, SpriteError, UsageError
+from sprite.parity.command import fail, harness
 from sprite.parity.check.faults import FAULTS
 from sprite.parity.settings import PRECISIONS
 
@@ -25,24 +25,6 @@ from sprite.parity.settings import PRECISIONS
 Precision = enum.Enum("Precision", {p: p for p in PRECISIONS}, type=str)
 Accelerator = enum.Enum("Accelerator", {a: a for a in ACCELERATORS}, type=str)
 Fault = enum.Enum("Fault", {f: f for f in FAULTS}, type=str)
-
-
-class _Group(TyperGroup):
-    """`sprite parity` takes a command; the options of the old one-command form get a migration error."""
-
-    def parse_args(self, ctx, args):
-        if args and args[0].startswith("-") and args[0] not in ("--help", "-h"):
-            raise UsageError(f"`sprite parity {args[0]} ...` is the old form: sprite parity now takes a command.",
-                             "", f"Run `sprite parity run {' '.join(args)}`; `sprite parity compare DIR` is unchanged.")
-        return super().parse_args(ctx, args)
-
-
-app = typer.Typer(
-    name="parity", cls=_Group, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-    help="Check that DDP and FSDP2 match a single device (FP32 rule, or BF16 criterion v2 with --precision "
-         "bf16-mixed).\n\nExamples:\n\n  sprite parity run --precision 32-true --devices 2 --out runs/fp32\n\n"
-         "  sprite parity compare runs/fp32 --details",
-)
 DETAILS = typer.Option(False, "--details", help="also print every check with its value and bound")
 JSON_OUT = typer.Option(False, "--json", help="print the reports as JSON on stdout (progress goes to stderr)")
 
@@ -66,11 +48,6 @@ def _finish(out: pathlib.Path, reports: dict, details: bool, json_out: bool) -> 
     raise typer.Exit(EXIT_OK if verdict == "pass" else 1)
 
 
-def _fail(err: SpriteError) -> None:
-    print(report(err), file=sys.stderr, flush=True)
-    raise typer.Exit(err.exit_code)
-
-
 def _settings(precision, devices, nodes, model, accelerator, fault, time_limit=1800):
     from sprite.parity.check import faults
     from sprite.parity.settings import Settings
@@ -90,9 +67,8 @@ def _settings(precision, devices, nodes, model, accelerator, fault, time_limit=1
                     faults=chosen, time_limit=time_limit)
 
 
-@app.command("run")
 def run_command(
-    out: pathlib.Path = typer.Option(..., help="A fresh directory for results and reports."),
+    out: Optional[pathlib.Path] = typer.Option(None, help="A fresh directory for results and reports."),
     precision: Precision = typer.Option(Precision("32-true"), help="FP32 rule, or BF16 autocast (criterion v2)."),
     devices: int = typer.Option(2, min=1, help="Ranks per node for the ddp and fsdp arms."),
     nodes: int = typer.Option(1, min=1, help="Nodes for the ddp and fsdp arms."),
@@ -108,6 +84,9 @@ def run_command(
 ) -> None:
     """Run every arm, each in its own processes, showing their progress; then compare and print the verdict."""
     try:
+        if out is None:
+            raise UsageError("No --out directory given.", "Every check needs a new place for its results.",
+                             "Pass --out DIR (a directory that does not exist yet).")
         settings = _settings(precision.value, devices, nodes, model, accelerator.value, [f.value for f in fault or []],
                              time_limit)
         from rich.console import Console
@@ -122,8 +101,15 @@ def run_command(
         console.print(f"all arms finished in {time.monotonic() - start:.1f} s; comparing")
         reports = compare(out)
     except SpriteError as err:
-        _fail(err)
+        fail(err)
     _finish(out, reports, details, json_out)
+
+
+app = harness("parity", run_command,
+              "Check that DDP and FSDP2 match a single device (FP32 rule, or BF16 criterion v2 with --precision "
+              "bf16-mixed).", ["sprite parity --precision 32-true --devices 2 --out runs/fp32",
+                               "sprite parity --precision bf16-mixed --devices 2 --out runs/bf16",
+                               "sprite parity compare runs/fp32 --details"])
 
 
 @app.command("compare")
@@ -135,5 +121,5 @@ def compare_command(directory: pathlib.Path = typer.Argument(..., help="The --ou
 
         reports = compare(directory)
     except SpriteError as err:
-        _fail(err)
+        fail(err)
     _finish(directory, reports, details, json_out)

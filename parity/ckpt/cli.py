@@ -1,4 +1,5 @@
-"""`sprite ckpt-check`: does a resumed run continue the run it resumes? Mount ``app`` as `sprite ckpt-check`.
+"""`sprite ckpt-check`: does a resumed run continue the run it resumes? Mount ``app`` as `sprite ckpt-check` (the
+shape of parity/command.py: its options run the check, `run` is the same command, `compare` sits beside it).
 
 Imports nothing heavy at module import (no torch, lightning or transformers): `sprite --help` stays instant.
 Exit codes: 0 pass, 1 fail (a required check failed, a fault was not rejected, a role was not executed, a
@@ -15,20 +16,8 @@ from typing import Optional
 
 import typer
 
-from sprite.errors import EXIT_OK, SpriteError, UsageError, report
-
-app = typer.Typer(
-    name="ckpt-check", invoke_without_command=True, no_args_is_help=False, add_completion=False,
-    help="Kill a fit after its epoch-1 checkpoint, resume and reload it, for 1 device, DDP and FSDP2 (sharded and"
-         " full-state checkpoints), with a reshard at half the world size, an export to 1 device and 12 injected"
-         " faults; the restored state must equal the saved state bit for bit.",
-)
-
-
-def _fail(err: SpriteError) -> None:
-    print(report(err), file=sys.stderr, flush=True)
-    raise typer.Exit(err.exit_code)
-
+from sprite.errors import EXIT_OK, SpriteError, UsageError
+from sprite.parity.command import fail, harness
 
 def _finish(report: dict) -> None:
     from sprite.parity.ckpt.report import show
@@ -76,9 +65,7 @@ def _interruptible(run, *args):
         signal.signal(signal.SIGTERM, previous)
 
 
-@app.callback()
 def ckpt_check(
-    ctx: typer.Context,
     devices: int = typer.Option(2, help="Ranks per node for the ddp and fsdp arms."),
     nodes: int = typer.Option(1, help="Nodes for the ddp and fsdp arms."),
     out: Optional[pathlib.Path] = typer.Option(None, help="A new directory for results, checkpoints and the report."),
@@ -91,8 +78,6 @@ def ckpt_check(
                                       " more runs independent launches side by side (e.g. 6 on a GPU host)."),
 ) -> None:
     """Run every role, each in its own processes, then compare."""
-    if ctx.invoked_subcommand is not None:
-        return
     try:
         if out is None:
             raise UsageError("No --out directory given.", "Every check needs a new place for its results.",
@@ -110,8 +95,17 @@ def ckpt_check(
         report = {**compare(out), "wall_s": timing["wall_s"]}
         write(out / REPORT, report)
     except SpriteError as err:
-        _fail(err)
+        fail(err)
     _finish(report)
+
+
+app = harness("ckpt-check", ckpt_check,
+              "Kill a fit after its epoch-1 checkpoint, resume and reload it, for 1 device, DDP and FSDP2 (sharded and"
+              " full-state checkpoints), with a reshard at half the world size, an export to 1 device and 12 injected"
+              " faults; the restored state must equal the saved state bit for bit.",
+              ["sprite ckpt-check --devices 2 --out runs/ckpt",
+               "sprite ckpt-check --devices 4 --precision bf16-mixed --model qwen2.5-0.5b-shape --out runs/ckpt-bf16",
+               "sprite ckpt-check compare runs/ckpt"])
 
 
 @app.command("compare")
@@ -132,5 +126,5 @@ def compare_command(
         if report_path is not None:
             write(report_path, report)
     except SpriteError as err:
-        _fail(err)
+        fail(err)
     _finish(report)
