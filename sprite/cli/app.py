@@ -86,6 +86,10 @@ def run(
                                                  "it the ranks checkpoint at the next step and exit 75"),
     requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "
                                  "system to run this job again (job scripts pass it)"),
+    preflight: bool = typer.Option(False, "--preflight", help="first check every node (sprite preflight); failed "
+                                   "nodes are left out when the allocation has room, else exit 1"),
+    preflight_fault: Optional[List[str]] = typer.Option(None, "--preflight-fault", metavar="HOST:KIND",
+                                                        help="a negative control for --preflight (tests)"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
     strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
     cpu_bind: Optional[str] = typer.Option(None, "--cpu-bind", help="the launcher's --cpu-bind value (mpiexec, srun); "
@@ -119,14 +123,18 @@ def run(
         "retries": retries, "spare_nodes": spare_nodes,
         "preempt_signal": preempt_signal, "requeue": True if requeue else None,
     }
+    flags["preflight"] = True if preflight else None
     run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
+    from sprite.cli import preflight as cli_preflight
+
+    checked_first = cli_preflight.hook_for(run_state, preflight_fault)
     for note in launch.notes:
         print(f"sprite: {one_line(note)}", file=sys.stderr)
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return 0
     _before_launch(launch)
-    return entry.run_all(run_state, launch)
+    return entry.run_all(run_state, launch, preflight=checked_first)
 
 
 def _before_launch(launch) -> None:
@@ -171,6 +179,7 @@ def _env_names(values: Optional[List[str]]) -> Optional[list]:
 
 def _mount_subcommands() -> None:
     """Mount command groups that live in their own modules (each stays torch-free at import)."""
+    from sprite.cli import preflight as cli_preflight
     from sprite.cli import runs as cli_runs
     from sprite.cli.ckpt import app as ckpt_app
     from sprite.cli.submit import register
@@ -183,6 +192,7 @@ def _mount_subcommands() -> None:
     app.add_typer(ckpt_check_app, name="ckpt-check")
     app.add_typer(ckpt_app, name="ckpt")
     cli_runs.register(app)
+    cli_preflight.register(app)
     app.add_typer(bench_app, name="bench")
 
 

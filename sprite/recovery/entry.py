@@ -16,6 +16,7 @@ from sprite.recovery import rundir
 from sprite.errors import UsageError
 from sprite.launch import plan as planning
 from sprite.launch.plan import LaunchPlan
+from sprite.errors import EXIT_CHECK_FAILED
 from sprite.recovery import requeue, summary
 from sprite.recovery.loop import run_attempts
 from sprite.recovery.session import Run, limits_of, said_never
@@ -64,13 +65,18 @@ def _launch_record(run: Run, plan: LaunchPlan) -> None:
         run.record("requeue", job_id=world.alloc.job_id, restart_count=restarts)
 
 
-def run_all(run: Run, plan: LaunchPlan) -> int:
+def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
     """Create the run folder, run every attempt, write the completion record and run.json; returns the exit code.
 
     Raises UsageError when the launcher program is missing (before anything is created).
     """
     execute.resolve_program(plan)
     rundir.create(run.path)
+    if preflight is not None:  # --preflight (sprite.cli.preflight): may leave failed nodes out, or stop (exit 1)
+        plan = preflight(run, plan)
+        if plan is None:
+            rundir.write_summary(run.path, {"run_dir": str(run.path), "status": "preflight failed"})
+            return EXIT_CHECK_FAILED
     _launch_record(run, plan)
     base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(),
             "argv": masked_argv(sys.argv)}

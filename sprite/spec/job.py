@@ -57,6 +57,7 @@ class JobSpec:
     spare_nodes: int = 0  # allocation nodes kept out of the first launch, to replace a failed node
     preempt_signal: str | None = None  # USR1 | USR2 | none (contract.PREEMPT_SIGNAL); None: preemption.DEFAULT
     requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
+    preflight: bool = False  # sprite run checks every node first (sprite preflight) and leaves failed ones out
     log_dir: str | None = None  # one output file per rank, DIR/rank<N>.log
     ranks: str | None = None  # console filter: "0", "all" or a list; None: all up to 16 ranks, else 0
     cpu_bind: str | None = None  # the launcher's --cpu-bind value, over the site profile's
@@ -84,7 +85,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
     "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": console.check_ranks,
-    "cpu_bind": sv.token,
+    "cpu_bind": sv.token, "preflight": v.flag,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
 

@@ -1,0 +1,176 @@
+"""The verdict of `sprite preflight`: pure functions over what the ranks recorded (numbers and digests), one
+verdict per node. No torch; nothing here runs or reads anything.
+
+A node fails a check when one of its ranks does:
+
+* ``reported``: the rank wrote nothing (it never started, or died before its first record);
+* ``devices``: it saw fewer devices than the site profile promises;
+* ``result``: its reference computation raised, an exact stage differs from the known answer, a stage differs
+  from the golden digest known for its device kind and torch version, or a stage differs from the majority of
+  the ranks of its device kind (ranks already known wrong do not vote; with no majority every rank of the tie
+  fails, since none can be trusted);
+* ``slow``: its fastest repetition took more than ``slow_factor`` times the median of the other ranks of its kind;
+* ``collective``: it never finished its all-reduces (it hangs: the launch's deadline ended it), or a collective
+  failed while every rank of the world reported (a link, not a peer, is at fault). A timeout caused by a silent
+  peer is noted on the healthy ranks, not failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections import Counter, defaultdict
+
+import numpy as np
+
+CHECKS = ("reported", "devices", "result", "slow", "collective")
+EXACT_INNER = 64  # as reference.EXACT_INNER (that module imports torch)
+# Golden digests of the random stages, by (device name, torch version): {stage: sha256}. Measured on a node known
+# good (`sprite preflight --json` prints every rank's digests); none is recorded yet for the machines sprite is
+# tested on, so the ranks of a kind are compared with each other.
+GOLDEN: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def exact_answer(rows: int) -> np.ndarray:
+    """The exact stage's product, as reference.exact_inputs builds it, in int64."""
+    i = np.arange(rows)[:, None]
+    k = np.arange(EXACT_INNER)
+    a = (i * 7 + k * 3) % 5 - 2
+    j = np.arange(rows)
+    b = (k[:, None] * 3 + j * 11 + k[:, None] * j) % 5 - 2
+    return a @ b
+
+
+def exact_digest(precision: str, rows: int) -> str:
+    """sha256 of the exact product's bytes in ``precision``: every value is an integer of magnitude <= 256, so
+    fp32, fp16 and bf16 (the upper half of the fp32 bits) hold it exactly on any device."""
+    values = exact_answer(rows).astype(np.float32)
+    if precision == "bf16":
+        data = (values.view(np.uint32) >> 16).astype("<u2").tobytes()
+    elif precision == "fp16":
+        data = values.astype("<f2").tobytes()
+    else:
+        data = values.astype("<f4").tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _kind(record: dict) -> tuple:
+    return record.get("accelerator"), record.get("device_name"), record.get("torch")
+
+
+def result_problems(computed: dict[int, dict], size: int, golden: dict = GOLDEN) -> dict[int, list[str]]:
+    """Per rank, what is wrong with its reference computation (see the module docstring)."""
+    problems: dict[int, list[str]] = defaultdict(list)
+    for rank, record in computed.items():
+        if record.get("error"):
+            problems[rank].append(f"the reference computation failed: {record['error']}")
+            continue
+        known = golden.get(_kind(record)[1:], {})
+        for stage, found in sorted(record.get("digests", {}).items()):
+            if stage.startswith("exact-") and found != exact_digest(stage.split("-", 1)[1], size):
+                problems[rank].append(f"{stage} differs from the known exact answer")
+            elif stage in known and found != known[stage]:
+                problems[rank].append(f"{stage} differs from the golden digest of {_kind(record)[1]}")
+    voters: dict[tuple, list[int]] = defaultdict(list)
+    for rank, record in computed.items():
+        if rank not in problems:
+            voters[_kind(record)].append(rank)
+    for kind, ranks in voters.items():
+        stages = sorted({s for r in ranks for s in computed[r]["digests"] if not s.startswith("exact-")})
+        for stage in stages:
+            votes = Counter(computed[r]["digests"].get(stage) for r in ranks)
+            top, count = votes.most_common(1)[0]
+            majority = top if count * 2 > len(ranks) else None
+            for rank in ranks:
+                mine = computed[rank]["digests"].get(stage)
+                if majority is None:
+                    problems[rank].append(f"{stage}: no majority among the {len(ranks)} ranks of its kind")
+                elif mine != majority:
+                    problems[rank].append(f"{stage} differs from {count} of the {len(ranks)} ranks of its kind")
+    return dict(problems)
+
+
+def slow_problems(computed: dict[int, dict], factor: float) -> dict[int, list[str]]:
+    """Ranks whose compute time exceeds ``factor`` times the median of the other ranks of the same kind."""
+    groups: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for rank, record in computed.items():
+        if isinstance(record.get("seconds"), (int, float)):
+            groups[_kind(record)][rank] = float(record["seconds"])
+    problems = {}
+    for times in groups.values():
+        for rank, seconds in times.items():
+            others = [t for r, t in times.items() if r != rank]
+            if others and seconds > factor * statistics.median(others):
+                problems[rank] = [f"{seconds:.3f} s, {seconds / statistics.median(others):.1f}x the median of the "
+                                  f"other {len(others)} rank(s) (limit {factor:g}x)"]
+    return problems
+
+
+def promised(record: dict, expected: int) -> int:
+    """Devices a rank must see: the site's promise for a GPU rank, one for a CPU rank."""
+    return 1 if record.get("accelerator") == "cpu" else expected
+
+
+def device_problems(computed: dict[int, dict], expected: int) -> dict[int, list[str]]:
+    return {rank: [f"sees {record['devices_seen']} device(s); the site profile promises {promised(record, expected)}"]
+            for rank, record in computed.items() if record.get("devices_seen", 0) < promised(record, expected)}
+
+
+STEPS = (("rendezvous", "the rendezvous"), ("node_allreduce", "the node's all-reduce"),
+         ("global_allreduce", "the all-reduce over all ranks"))
+
+
+def collective_problems(computed: dict[int, dict], final: dict[int, dict], world: int
+                        ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """(problems, notes) of the collectives: a rank that started and never finished them fails; a failed
+    collective fails its rank only when every rank of the world finished (else the silent one is to blame and
+    the failure is a note)."""
+    problems: dict[int, list[str]] = defaultdict(list)
+    notes: dict[int, list[str]] = defaultdict(list)
+    silent = [rank for rank in range(world) if rank not in final]
+    for rank in silent:
+        if rank in computed:
+            problems[rank].append("never finished its all-reduces before the deadline (it hangs)")
+    for rank, record in final.items():
+        for step, label in STEPS:
+            result = record.get(step)
+            if result is None or result.get("ok"):
+                continue
+            where = problems if not silent else notes
+            where[rank].append(f"{label} failed: {result.get('error', 'no detail')}")
+            break
+    return dict(problems), dict(notes)
+
+
+def judge(hosts: tuple[str, ...], per_node: int, computed: dict[int, dict], final: dict[int, dict],
+          expected_devices: int, slow_factor: float, size: int, golden: dict = GOLDEN) -> list[dict]:
+    """One verdict per node, in node order: host, ok, failed checks with their reasons (rank-prefixed), notes,
+    compute time (the node's slowest rank) and the all-reduces' bus bandwidth (the node's lowest)."""
+    world = len(hosts) * per_node
+    found = {
+        "reported": {r: ["wrote no record (never started, or died first)"] for r in range(world) if r not in computed},
+        "devices": device_problems(computed, expected_devices),
+        "result": result_problems(computed, size, golden),
+        "slow": slow_problems(computed, slow_factor),
+    }
+    found["collective"], notes = collective_problems(computed, final, world)
+    return [_node(node, host, range(node * per_node, (node + 1) * per_node), found, notes, computed, final)
+            for node, host in enumerate(hosts)]
+
+
+def _lowest(values):
+    values = [v for v in values if isinstance(v, (int, float))]
+    return min(values) if values else None
+
+
+def _node(node: int, host: str, ranks: range, found: dict, notes: dict, computed: dict, final: dict) -> dict:
+    failed = {check: [f"rank {r}: {why}" for r in ranks for why in found[check].get(r, [])] for check in CHECKS}
+    failed = {check: reasons for check, reasons in failed.items() if reasons}
+    times = [computed[r]["seconds"] for r in ranks if isinstance(computed.get(r, {}).get("seconds"), (int, float))]
+    return {
+        "node": node, "host": host, "ok": not failed, "failed": failed,
+        "notes": [f"rank {r}: {why}" for r in ranks for why in notes.get(r, [])],
+        "compute_seconds": max(times) if times else None,
+        "node_busbw_gbps": _lowest(final.get(r, {}).get("node_allreduce", {}).get("busbw_gbps") for r in ranks),
+        "global_busbw_gbps": _lowest(final.get(r, {}).get("global_allreduce", {}).get("busbw_gbps") for r in ranks),
+    }

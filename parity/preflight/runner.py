@@ -1,0 +1,194 @@
+"""Launching `sprite preflight`: one launch over every node, planned as `sprite run` plans (``plan_run``), with a
+deadline that a hanging rank cannot stretch, then the ranks' records read back and judged.
+
+The launch ends by itself when every rank has written its final record. When some rank has written its final
+record and no other record arrives for ``grace`` seconds, the rest cannot finish (their peers have left the
+collectives), so the launch is stopped; ``deadline`` stops it in any case. The ranks that never wrote are then
+named by host. No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import threading
+import time
+from typing import Mapping
+
+from sprite.integrity import owner_only, write_new
+from sprite.launch import ranklog
+from sprite.launch.plan import LaunchPlan
+from sprite.parity.preflight import criterion
+from sprite.parity.preflight.settings import SETTINGS_FILE, PreflightSettings
+
+WORKER = pathlib.Path(__file__).with_name("worker.py")
+LAUNCH_LOG = "launch.log"
+
+
+def flags_for(out: pathlib.Path, base: dict) -> dict:
+    """JobSpec fields of the preflight launch: ``base`` (the user's world: nodes, devices, launcher, site, ...)
+    running the worker, never resuming, each rank's output in ``out/logs``. CPU ranks compute with one thread
+    (unless OMP_NUM_THREADS is set): simulated nodes share this machine's cores, and the check is of the node."""
+    env = {**(base.get("env") or {}), "PYTHONUNBUFFERED": "1"}
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = "1"
+    return {**base, "script": os.fspath(WORKER), "args": ["--out", os.fspath(out)], "strategy": "auto",
+            "precision": "auto", "resume": "never", "log_dir": os.fspath(out / "logs"), "ranks": None, "env": env,
+            "stall_timeout": None, "retries": None, "spare_nodes": 0}
+
+
+def plan(out: pathlib.Path, base: dict, environ: Mapping[str, str] = os.environ,
+         spec_file: str | None = None) -> LaunchPlan:
+    """Raises UsageError when the world cannot be launched here (as ``plan_run``)."""
+    from sprite.launch.plan import plan_run
+
+    return plan_run(flags_for(out, base), environ, spec_file)
+
+
+def prepare(out: pathlib.Path, settings: PreflightSettings, launch: LaunchPlan) -> None:
+    """Makes the output folder (0700; it must be new or empty) with the settings file and the rank folders."""
+    owner_only.make_dirs(out)
+    owner_only.make_dirs(out / "ranks")
+    write_new(out / SETTINGS_FILE, settings.to_json().encode())
+    ranklog.prepare(launch.log_dir)
+
+
+@dataclasses.dataclass
+class Launched:
+    exit_code: int | None  # None: stopped by sprite (records in, or the deadline)
+    stopped: str  # "" (ended by itself), "records in", "deadline"
+    seconds: float
+
+
+def _finals(out: pathlib.Path) -> int:
+    return sum(1 for p in (out / "ranks").glob("rank*.json") if not p.name.endswith(".compute.json"))
+
+
+def watch(out: pathlib.Path, world: int, grace: float, stop: threading.Event, done: threading.Event,
+          clock=time.monotonic, poll: float = 0.2) -> None:
+    """Sets ``stop`` once some final record exists and none arrived for ``grace`` seconds while some are missing
+    (or all are in and the launch still runs ``grace`` seconds later). Returns when ``done`` is set."""
+    seen, since = 0, clock()
+    while not done.wait(poll):
+        count = _finals(out)
+        if count != seen:
+            seen, since = count, clock()
+        if seen and clock() - since > grace:
+            stop.set()
+            return
+
+
+def launch(out: pathlib.Path, launch_plan: LaunchPlan, deadline: float, grace: float = 5.0) -> Launched:
+    """Runs the plan with its output in ``out/launch.log`` (see the module docstring). Raises UsageError when the
+    launcher program is missing."""
+    from sprite.launch.execute import run_plan
+
+    stop, done = threading.Event(), threading.Event()
+    watcher = threading.Thread(target=watch, args=(out, launch_plan.world.size, grace, stop, done), daemon=True)
+    start = time.monotonic()
+    watcher.start()
+    try:
+        code = run_plan(launch_plan, log_path=out / LAUNCH_LOG, timeout=deadline, cancel=stop)
+        return Launched(code, "", time.monotonic() - start)
+    except InterruptedError:
+        return Launched(None, "records in", time.monotonic() - start)
+    except subprocess.TimeoutExpired:
+        return Launched(None, "deadline", time.monotonic() - start)
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _read(path: pathlib.Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def collect(out: pathlib.Path, world: int) -> tuple[dict[int, dict], dict[int, dict]]:
+    """(compute records, final records) by rank; an unreadable record counts as missing."""
+    computed, final = {}, {}
+    for rank in range(world):
+        for into, name in ((computed, f"rank{rank}.compute.json"), (final, f"rank{rank}.json")):
+            record = _read(out / "ranks" / name)
+            if record is not None:
+                into[rank] = record
+    return computed, final
+
+
+def judge(out: pathlib.Path, settings: PreflightSettings, launch_plan: LaunchPlan, launched: Launched) -> dict:
+    """The report (``report.build``) of a finished launch."""
+    from sprite.parity.preflight import report
+
+    world = launch_plan.world
+    computed, final = collect(out, world.size)
+    nodes = criterion.judge(world.hosts, world.devices, computed, final, settings.expected_devices,
+                            settings.slow_factor, settings.size)
+    return report.build(out, settings, launch_plan, launched, nodes, computed, final)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The preflight's own options (the world comes as JobSpec flags)."""
+
+    deadline: float = 600.0
+    collective_timeout: float = 120.0
+    slow_factor: float = 2.0
+    size: int = 512
+    repeats: int = 9
+    allreduce_mib: float = 4.0
+    grace: float = 5.0
+
+
+def settings_for(flags: dict, faults: tuple, options: Options, environ: Mapping[str, str],
+                 spec_file: str | None, launch_plan: LaunchPlan) -> PreflightSettings:
+    """What the ranks check: the accelerator and precisions the job uses, and the devices its site profile
+    promises (every GPU node: the profile's ``devices`` or the ranks per node; a CPU rank: one)."""
+    from sprite import contract
+    from sprite.launch.plan import assemble
+    from sprite.parity.preflight.settings import precisions_for
+
+    job, site = assemble(flags, spec_file, environ)
+    promised = max(int(site.job.get("devices") or 0), launch_plan.world.devices)
+    return PreflightSettings(accelerator=launch_plan.env.get(contract.ACCELERATOR, "auto"),
+                             precisions=precisions_for(job.precision), size=options.size, repeats=options.repeats,
+                             slow_factor=options.slow_factor, expected_devices=promised,
+                             allreduce_mib=options.allreduce_mib, collective_timeout=options.collective_timeout,
+                             faults=faults)
+
+
+def check_out(out: pathlib.Path) -> None:
+    """Raises UsageError unless ``out`` is new or an empty folder."""
+    from sprite.errors import UsageError
+
+    if out.is_symlink() or out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"The output folder {out} exists and is not empty.", "Every preflight writes its records "
+                         "once, into a fresh folder.", "Pass a new --out, or leave it out for one under "
+                         "./sprite-runs/preflight/.")
+
+
+def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, options: Options,
+              environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
+              fault_option: str = "--fault") -> dict:
+    """Plans, launches and judges one preflight into ``out``; returns the report (saved as preflight.json).
+
+    Raises UsageError for a world that cannot be launched here, a bad fault, a used ``out``, a missing launcher.
+    """
+    from sprite.launch.execute import resolve_program
+    from sprite.parity.preflight import report
+    from sprite.parity.preflight.settings import parse_faults
+
+    check_out(out)
+    launch_plan = plan(out, base, environ, spec_file)
+    faults = parse_faults(fault_values, launch_plan.world.hosts, fault_option)
+    settings = settings_for(flags_for(out, base), faults, options, environ, spec_file, launch_plan)
+    resolve_program(launch_plan)
+    prepare(out, settings, launch_plan)
+    launched = launch(out, launch_plan, options.deadline, options.grace)
+    result = judge(out, settings, launch_plan, launched)
+    report.save(result, out)
+    return result

@@ -1,0 +1,168 @@
+"""`sprite preflight`, and `sprite run --preflight`'s hook: every node checked in parallel before a long run.
+
+The harness lives in sprite.parity.preflight and is imported inside the command bodies only, so `sprite --help`
+and planning never import torch. Exit codes: 0 every node healthy, 1 some node failed, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+
+from sprite.cli.options import SECONDS, WHOLE, Accelerator, Launcher, MpiFlavour, value
+from sprite.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError, one_line
+
+HELP = """Check every node of this allocation (or this machine) in parallel before a long run.
+
+Each rank runs a fixed reference computation (matmuls and one training step in the job's precisions) and
+compares it bit for bit with the known answer and with the ranks of its device kind, times it, counts its
+devices against the site profile, and takes part in an all-reduce within its node and one over all ranks.
+A table per node says ok or which check failed. Exit 0: all healthy; 1: some node failed; 2: bad usage.
+
+\b
+Examples:
+  sprite preflight                                  # inside a PBS or Slurm job: every node
+  sprite preflight --site aurora --json             # machine-readable verdict
+  sprite preflight --devices 2 --fault 127.0.0.1:slow   # a negative control: must fail, naming the host
+"""
+FAULT_HELP = "negative control HOST:KIND, KIND one of wrong-result, slow, no-device, hang (repeatable)"
+
+
+def _positive(text: Optional[str], option: str, default: float, least: float = 0.0) -> float:
+    if text is None:
+        return default
+    try:
+        number = float(text)
+    except ValueError:
+        number = float("nan")
+    if not least < number < float("inf"):
+        raise UsageError(f"{option} {text!r} is not a number above {least:g}.", "", f"Pass e.g. {option} {default:g}.")
+    return number
+
+
+def options_from(deadline, collective_timeout, slow_factor, size):
+    from sprite.parity.preflight.runner import Options
+
+    base = Options()
+    found = Options(deadline=_positive(deadline, "--deadline", base.deadline),
+                    collective_timeout=_positive(collective_timeout, "--collective-timeout", base.collective_timeout),
+                    slow_factor=_positive(slow_factor, "--slow-factor", base.slow_factor, least=1.0),
+                    size=int(_positive(size, "--size", base.size, least=1.0)))
+    if found.collective_timeout >= found.deadline:
+        raise UsageError(f"--collective-timeout {found.collective_timeout:g} is not shorter than --deadline "
+                         f"{found.deadline:g}.", "Ranks must give up on a collective before the launch is stopped, "
+                         "or a hang leaves no record.", "Pass a --collective-timeout below --deadline.")
+    return found
+
+
+def default_out() -> Path:
+    from sprite.recovery.rundir import default_path
+
+    path = default_path()
+    return path.parent / "preflight" / path.name
+
+
+def preflight(
+    nodes: Optional[str] = typer.Option(None, "--nodes", metavar=WHOLE, help="nodes; default: the whole allocation"),
+    devices: Optional[str] = typer.Option(None, "--devices", metavar=WHOLE, help="ranks per node, as sprite run"),
+    accelerator: Optional[Accelerator] = typer.Option(None, "--accelerator", help="device type of every rank"),
+    launcher: Optional[Launcher] = typer.Option(None, "--launcher", help="what starts the ranks"),
+    mpi: Optional[MpiFlavour] = typer.Option(None, "--mpi", help="mpiexec flavour"),
+    site: Optional[str] = typer.Option(None, "--site", help="site profile: aurora, polaris, perlmutter, local or a path"),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeatable)"),
+    fault: Optional[List[str]] = typer.Option(None, "--fault", metavar="HOST:KIND", help=FAULT_HELP),
+    out: Optional[Path] = typer.Option(None, "--out", help="a fresh folder for the records; default: a new one "
+                                       "under ./sprite-runs/preflight/"),
+    deadline: Optional[str] = typer.Option(None, "--deadline", metavar=SECONDS, help="stop the launch after "
+                                           "SECONDS (default 600); ranks that never reported are named"),
+    collective_timeout: Optional[str] = typer.Option(None, "--collective-timeout", metavar=SECONDS, help="seconds "
+                                                     "a rendezvous or all-reduce may take (default 120)"),
+    slow_factor: Optional[str] = typer.Option(None, "--slow-factor", metavar="FLOAT", help="a rank slower than "
+                                              "the median of the others by more than this fails (default 2)"),
+    size: Optional[str] = typer.Option(None, "--size", metavar=WHOLE, help="reference matmul size (default 512)"),
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> int:
+    from rich.console import Console
+
+    from sprite.parity.preflight import report, runner
+
+    options = options_from(deadline, collective_timeout, slow_factor, size)
+    base = {"nodes": nodes, "devices": devices, "accelerator": value(accelerator), "launcher": value(launcher),
+            "mpi": value(mpi), "site": site, "exclude": list(exclude) if exclude else None}
+    result = runner.preflight((out or default_out()).absolute(), base, fault, options)
+    if json_out:
+        typer.echo(__import__("json").dumps(result, indent=1, sort_keys=True))
+    else:
+        report.show(result, Console())
+        print(f"report: {result['out']}/{report.REPORT}", file=sys.stderr)
+    return EXIT_OK if result["ok"] else EXIT_CHECK_FAILED
+
+
+def register(app: typer.Typer) -> None:
+    app.command("preflight", help=HELP)(preflight)
+
+
+# --- sprite run --preflight: the preflight before the first attempt, inside the run folder ---
+
+def hook_for(run, faults: Optional[List[str]]) -> Optional[Callable]:
+    """The step ``entry.run_all`` runs before the first launch when the job asks for a preflight (``--preflight``,
+    ``preflight: true`` in the spec or the site profile); None otherwise. Raises UsageError for ``--preflight-fault``
+    without a preflight."""
+    from sprite.launch.plan import assemble
+
+    job, _ = assemble(run.flags, run.spec_file, run.environ, run.allow_literal_secrets)
+    if not job.preflight:
+        if faults:
+            raise UsageError("--preflight-fault needs --preflight.", "A negative control is injected into the "
+                             "preflight, which this run does not do.", "Add --preflight, or drop --preflight-fault.")
+        return None
+    return lambda run_state, plan: before_launch(run_state, plan, list(faults or []), job)
+
+
+def _say(text: str) -> None:
+    print(f"sprite: {one_line(text, 1000)}", file=sys.stderr, flush=True)
+
+
+def before_launch(run, plan, faults: List[str], job):
+    """Preflight every node the run may use (the allocation less --exclude) into ``RUN/preflight``; record the
+    result in the audit. Returns the plan of the first attempt: unchanged when every node is healthy, without the
+    failed nodes when the allocation has room for the same world (as --spare-nodes allows), or None (exit 1)
+    when it has not. Raises UsageError as ``runner.preflight`` does."""
+    from rich.console import Console
+
+    from sprite.errors import SpriteError
+    from sprite.parity.preflight import report, runner
+    from sprite.schedulers import allocation
+
+    alloc = plan.world.alloc
+    if job.exclude:
+        alloc = allocation.exclude(alloc, job.exclude, job.origins.get("exclude", "--exclude"))
+    nodes = str(len(alloc.hosts)) if plan.world.launcher != "local" else None
+    _say(f"preflight of {len(alloc.hosts) if nodes else 1} node(s) before the launch; records in {run.path}/preflight")
+    result = runner.preflight(run.path / "preflight", {**run.flags, "nodes": nodes}, faults, runner.Options(),
+                              run.environ, run.spec_file, "--preflight-fault")
+    report.show(result, Console(stderr=True))
+    bad = result["failed_hosts"]
+    fields = {"ok": result["ok"], "seconds": result["launch"]["seconds"], "report": f"{result['out']}/{report.REPORT}",
+              "nodes": [{"host": n["host"], "ok": n["ok"], "failed": n["failed"]} for n in result["nodes"]]}
+    if not bad:
+        run.record("preflight", **fields, left_out=[], decision="launch")
+        return plan
+    narrowed = {**run.flags, "exclude": [*job.exclude, *bad], "nodes": str(plan.world.nodes),
+                "spare_nodes": max(0, job.spare_nodes - len(bad))}
+    named = ", ".join(f"{n['host']} ({', '.join(n['failed'])})" for n in result["nodes"] if not n["ok"])
+    try:
+        narrowed_plan = run.plan(1, narrowed)
+    except SpriteError as err:
+        run.record("preflight", **fields, left_out=[], decision=f"stop: {err.what}")
+        _say(f"preflight failed on {named}, and the allocation has no room to leave them out ({err.what.rstrip('.')})."
+             f" Fix or exclude those nodes, or ask for more nodes; the report is {fields['report']}.")
+        return None
+    run.flags = narrowed
+    run.record("preflight", **fields, left_out=bad, decision=f"launch without {', '.join(bad)}")
+    _say(f"preflight failed on {named}; launching on {', '.join(narrowed_plan.world.hosts)} without them.")
+    return narrowed_plan
