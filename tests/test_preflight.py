@@ -1,0 +1,298 @@
+"""`sprite preflight` (issue 28): the criterion as pure functions over recorded numbers, the command's refusals,
+and a few real launches on simulated nodes (MPICH Hydra's fork bootstrap; a PBS node file of loopback hosts).
+
+The real launches need the runtime to accept several loopback hosts as distinct nodes (issue 25, see
+sprite/runtime/ranks.py node_from_hosts). Each launch imports torch in every rank, so they are few: one clean
+2-node preflight, one 3-node launch with three faults, one hang, and `sprite run --preflight` with and without
+room for the bad node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from sprite.parity.preflight import criterion
+from sprite.parity.preflight.runner import watch
+from sprite.parity.preflight.settings import PreflightSettings, parse_faults, precisions_for
+
+SIZE = 8
+HOSTS = ("n0", "n1", "n2")
+
+
+def _good(rank: int, seconds: float = 0.1, **extra) -> dict:
+    digests = {f"exact-{p}": criterion.exact_digest(p, SIZE) for p in ("fp32", "bf16")}
+    digests.update({"matmul-fp32": "aa", "train-fp32": "bb", "matmul-bf16": "cc", "train-bf16": "dd"})
+    return {"rank": rank, "accelerator": "cpu", "device_name": "cpu (x86_64)", "torch": "2.13.0", "devices_seen": 1,
+            "digests": digests, "seconds": seconds, **extra}
+
+
+def _final(rank: int, world: int = 3, ok: bool = True) -> dict:
+    result = {"ok": True, "ranks": world, "seconds": 0.01, "busbw_gbps": 1.5} if ok else \
+        {"ok": False, "ranks": world, "error": "RuntimeError: Timed out waiting 15000ms"}
+    return {"rank": rank, "rendezvous": {"ok": True}, "node_allreduce": {"ok": True, "ranks": 1, "busbw_gbps": None},
+            "global_allreduce": result}
+
+
+def _judge(computed, final, hosts=HOSTS, per_node=1, expected=1, factor=2.0, golden=None):
+    return criterion.judge(hosts, per_node, computed, final, expected, factor, SIZE, golden or {})
+
+
+def _failed(nodes) -> dict:
+    return {node["host"]: node["failed"] for node in nodes if not node["ok"]}
+
+
+# --- the criterion: pure functions over recorded numbers ---
+
+def test_a_clean_world_passes_every_node_with_its_numbers():
+    nodes = _judge({r: _good(r) for r in range(3)}, {r: _final(r) for r in range(3)})
+    assert _failed(nodes) == {}
+    assert [n["host"] for n in nodes] == list(HOSTS)
+    assert nodes[0]["compute_seconds"] == 0.1 and nodes[0]["global_busbw_gbps"] == 1.5
+
+
+def test_an_exact_stage_off_by_one_ulp_fails_its_node_even_in_a_world_of_two():
+    bad = _good(1)
+    bad["digests"]["exact-fp32"] = "0" * 64
+    nodes = _judge({0: _good(0), 1: bad}, {0: _final(0, 2), 1: _final(1, 2)}, hosts=HOSTS[:2])
+    assert _failed(nodes) == {"n1": {"result": ["rank 1: exact-fp32 differs from the known exact answer"]}}
+
+
+def test_a_random_stage_is_judged_by_the_majority_of_its_kind_and_known_bad_ranks_do_not_vote():
+    odd = _good(2)
+    odd["digests"]["matmul-bf16"] = "zz"
+    nodes = _judge({0: _good(0), 1: _good(1), 2: odd}, {r: _final(r) for r in range(3)})
+    assert _failed(nodes) == {"n2": {"result": ["rank 2: matmul-bf16 differs from 2 of the 3 ranks of its kind"]}}
+    wrong = _good(1)  # fails the exact stage, so its (different) random digest does not make a tie
+    wrong["digests"].update({"exact-bf16": "0", "train-fp32": "yy"})
+    nodes = _judge({0: _good(0), 1: wrong}, {0: _final(0, 2), 1: _final(1, 2)}, hosts=HOSTS[:2])
+    assert list(_failed(nodes)) == ["n1"]
+
+
+def test_a_tie_fails_every_rank_of_it_since_none_can_be_trusted():
+    other = _good(1)
+    other["digests"]["train-fp32"] = "yy"
+    nodes = _judge({0: _good(0), 1: other}, {0: _final(0, 2), 1: _final(1, 2)}, hosts=HOSTS[:2])
+    assert _failed(nodes)["n0"]["result"] == ["rank 0: train-fp32: no majority among the 2 ranks of its kind"]
+    assert list(_failed(nodes)) == ["n0", "n1"]
+
+
+def test_ranks_of_other_device_kinds_are_not_compared():
+    other = _good(1, device_name="cpu (aarch64)")
+    other["digests"]["matmul-fp32"] = "zz"
+    assert _failed(_judge({0: _good(0), 1: other}, {0: _final(0, 2), 1: _final(1, 2)}, hosts=HOSTS[:2])) == {}
+
+
+def test_a_golden_digest_fails_a_rank_that_differs_from_it():
+    golden = {("cpu (x86_64)", "2.13.0"): {"train-bf16": "dd", "matmul-fp32": "not-aa"}}
+    nodes = _judge({r: _good(r) for r in range(3)}, {r: _final(r) for r in range(3)}, golden=golden)
+    assert all(f["result"] == [f"rank {n}: matmul-fp32 differs from the golden digest of cpu (x86_64)"]
+               for n, f in enumerate(_failed(nodes).values()))
+
+
+def test_slow_compares_with_the_median_of_the_other_ranks_so_two_ranks_suffice():
+    nodes = _judge({0: _good(0, 0.1), 1: _good(1, 0.4)}, {0: _final(0, 2), 1: _final(1, 2)}, hosts=HOSTS[:2])
+    assert _failed(nodes) == {"n1": {"slow": ["rank 1: 0.400 s, 4.0x the median of the other 1 rank(s) (limit 2x)"]}}
+    assert criterion.slow_problems({0: _good(0, 0.1), 1: _good(1, 0.19), 2: _good(2, 0.1)}, 2.0) == {}
+
+
+def test_devices_a_cpu_rank_needs_one_and_a_gpu_rank_the_sites_promise():
+    gpu = [_good(r, accelerator="xpu", devices_seen=12 - (r == 1)) for r in range(2)]
+    assert criterion.device_problems(dict(enumerate(gpu)), 12) == {
+        1: ["sees 11 device(s); the site profile promises 12"]}
+    assert criterion.device_problems({0: _good(0, devices_seen=0)}, 12) == {
+        0: ["sees 0 device(s); the site profile promises 1"]}
+
+
+def test_a_rank_that_never_finishes_its_collectives_is_blamed_and_its_peers_timeouts_are_notes():
+    final = {0: _final(0, ok=False), 2: _final(2, ok=False)}
+    nodes = _judge({r: _good(r) for r in range(3)}, final)
+    assert _failed(nodes) == {"n1": {"collective": [
+        "rank 1: never finished its all-reduces before the deadline (it hangs)"]}}
+    assert nodes[0]["notes"][0].startswith("rank 0: the all-reduce over all ranks failed: RuntimeError: Timed out")
+
+
+def test_a_failed_collective_with_every_rank_reporting_fails_those_ranks_nodes():
+    final = {0: _final(0), 1: _final(1, ok=False), 2: _final(2)}
+    assert list(_failed(_judge({r: _good(r) for r in range(3)}, final))) == ["n1"]
+
+
+def test_a_rank_without_any_record_is_named_by_its_host_and_node_groups_ranks_in_blocks():
+    computed = {r: _good(r) for r in (0, 1, 2)}
+    nodes = _judge(computed, {r: _final(r, 4) for r in (0, 1, 2)}, hosts=HOSTS[:2], per_node=2)
+    assert _failed(nodes) == {"n1": {"reported": ["rank 3: wrote no record (never started, or died first)"]}}
+
+
+def test_the_known_answer_is_what_the_ranks_reference_computation_gives():
+    torch = pytest.importorskip("torch")
+    from sprite.parity.preflight import reference
+    from sprite.runtime.devices import device_type
+
+    found = reference.run_once(torch.device("cpu"), ("fp32", "bf16", "fp16"), 40, "cpu")
+    for precision in ("fp32", "bf16", "fp16"):
+        assert reference.digest(found[f"exact-{precision}"]) == criterion.exact_digest(precision, 40)
+    faulty = reference.measure(torch.device("cpu"), device_type("cpu"), ("fp32",), 40, 1, fault="wrong-result")
+    assert faulty["digests"]["exact-fp32"] != criterion.exact_digest("fp32", 40)
+
+
+# --- settings, faults and the watcher ---
+
+def test_faults_parse_and_refuse_with_one_line_each():
+    assert parse_faults(["n1:hang", "n0:slow"], HOSTS) == (("n1", "hang"), ("n0", "slow"))
+    for bad, says in (("n1", "is not HOST:KIND"), ("n1:melt", "no fault kind 'melt'"),
+                      ("n9:slow", "is not one of this preflight's hosts")):
+        with pytest.raises(Exception) as err:
+            parse_faults([bad], HOSTS)
+        assert says in str(err.value) and err.value.exit_code == 2
+    settings = PreflightSettings(faults=(("n1", "hang"),))
+    assert PreflightSettings.from_dict(json.loads(settings.to_json())) == settings
+    assert settings.fault_for("n1") == "hang" and settings.fault_for("n0") is None
+
+
+def test_precisions_follow_the_jobs_precision():
+    assert precisions_for("auto") == ("fp32", "bf16")
+    assert precisions_for("bf16-mixed") == ("fp32", "bf16")
+    assert precisions_for("16-mixed") == ("fp32", "fp16")
+    assert precisions_for("32-true") == ("fp32",)
+
+
+def test_the_watcher_stops_the_launch_once_records_stop_arriving(tmp_path):
+    (tmp_path / "ranks").mkdir()
+    stop, done = threading.Event(), threading.Event()
+    thread = threading.Thread(target=watch, args=(tmp_path, 2, 0.3, stop, done), kwargs={"poll": 0.05})
+    thread.start()
+    time.sleep(0.5)
+    assert not stop.is_set()  # nothing final yet: only the deadline can end it
+    (tmp_path / "ranks" / "rank0.compute.json").write_text("{}")
+    (tmp_path / "ranks" / "rank0.json").write_text("{}")
+    thread.join(5)
+    assert stop.is_set()
+    done.set()
+
+
+# --- the command line: no torch, one line and exit 2 for bad input ---
+
+@pytest.mark.parametrize("args, says", [
+    (["--deadline", "-1"], "--deadline '-1' is not a number above 0"),
+    (["--slow-factor", "0.5"], "--slow-factor '0.5' is not a number above 1"),
+    (["--collective-timeout", "30", "--deadline", "20"], "--collective-timeout 30 is not shorter than --deadline"),
+    (["--fault", "nowhere:slow"], "host 'nowhere' is not one of this preflight's hosts"),
+    (["--fault", "x"], "is not HOST:KIND"),
+    (["--nodes", "2"], "--nodes 2"),
+    (["--bogus"], "No such option"),
+])
+def test_bad_input_is_one_line_and_exit_2(sprite_cmd, clean_env, tmp_path, args, says):
+    done = subprocess.run([*sprite_cmd, "preflight", "--out", str(tmp_path / "o"), *args], env=clean_env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_used_output_folder_is_refused(sprite_cmd, clean_env, tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "x").write_text("")
+    done = subprocess.run([*sprite_cmd, "preflight", "--out", str(tmp_path / "old")], env=clean_env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "exists and is not empty" in done.stderr
+
+
+def test_help_has_an_example_and_run_knows_preflight(sprite_cmd, clean_env, example_script):
+    shown = subprocess.run([*sprite_cmd, "preflight", "--help"], env=clean_env, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0 and "sprite preflight --devices 2 --fault" in shown.stdout
+    bad = subprocess.run([*sprite_cmd, "run", "--preflight-fault", "h:hang", example_script], env=clean_env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--preflight-fault needs --preflight." in bad.stderr
+
+
+# --- real launches on simulated nodes ---
+
+def _allocation(env: dict, tmp_path, count: int) -> dict:
+    nodefile = tmp_path / f"nodes{count}"
+    nodefile.write_text("".join(f"127.0.0.{i + 1}\n" for i in range(count)))
+    return {**env, "PBS_JOBID": f"28{count}.pbs", "PBS_NODEFILE": str(nodefile), "HYDRA_LAUNCHER": "fork"}
+
+
+FAST = ["--devices", "1", "--accelerator", "cpu", "--collective-timeout", "15", "--deadline", "85"]
+
+
+def _preflight(sprite_cmd, env, out, *args) -> tuple[int, dict, float]:
+    start = time.monotonic()
+    done = subprocess.run([*sprite_cmd, "preflight", *FAST, "--slow-factor", "2.5", "--json", "--out", str(out),
+                           *args], env=env, capture_output=True, text=True, timeout=180)
+    took = time.monotonic() - start
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout), took
+
+
+@pytest.mark.slow
+def test_a_clean_preflight_of_two_simulated_nodes_passes(sprite_cmd, clean_env, tmp_path):
+    code, report, took = _preflight(sprite_cmd, _allocation(clean_env, tmp_path, 2), tmp_path / "out")
+    assert code == 0 and report["ok"], report["nodes"]
+    assert [n["host"] for n in report["nodes"]] == ["127.0.0.1", "127.0.0.2"]
+    assert all(n["global_busbw_gbps"] > 0 and n["compute_seconds"] > 0 for n in report["nodes"])
+    assert json.loads((tmp_path / "out" / "preflight.json").read_text())["ok"] is True
+    assert took < 90
+
+
+@pytest.mark.slow
+def test_three_faults_on_three_simulated_nodes_are_each_caught_and_named(sprite_cmd, clean_env, tmp_path):
+    code, report, took = _preflight(sprite_cmd, _allocation(clean_env, tmp_path, 3), tmp_path / "out",
+                                    "--fault", "127.0.0.1:no-device", "--fault", "127.0.0.2:wrong-result",
+                                    "--fault", "127.0.0.3:slow")
+    assert code == 1 and took < 90
+    failed = {n["host"]: sorted(n["failed"]) for n in report["nodes"]}
+    assert failed == {"127.0.0.1": ["devices"], "127.0.0.2": ["result"], "127.0.0.3": ["slow"]}
+    assert report["failed_hosts"] == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+
+
+@pytest.mark.slow
+def test_a_hang_is_caught_within_the_deadline_and_its_host_named(sprite_cmd, clean_env, tmp_path):
+    code, report, took = _preflight(sprite_cmd, _allocation(clean_env, tmp_path, 2), tmp_path / "out",
+                                    "--fault", "127.0.0.2:hang")
+    assert code == 1 and took < 90
+    assert report["failed_hosts"] == ["127.0.0.2"]
+    assert report["nodes"][1]["failed"] == {"collective": [
+        "rank 1: never finished its all-reduces before the deadline (it hangs)"]}
+    assert report["launch"]["stopped"] in ("records in", "deadline")
+
+
+def _audit(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_run_with_preflight_leaves_a_bad_node_out_when_the_allocation_has_room(sprite_cmd, clean_env, tmp_path,
+                                                                               example_script):
+    env = _allocation(clean_env, tmp_path, 3)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([*sprite_cmd, "run", "--nodes", "2", "--devices", "1", "--accelerator", "cpu",
+                           "--preflight", "--preflight-fault", "127.0.0.2:wrong-result", "--run-dir", str(run_dir),
+                           example_script, "--max-steps", "2"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = _audit(run_dir)
+    pre = next(r for r in records if r["kind"] == "preflight")
+    assert pre["left_out"] == ["127.0.0.2"] and pre["ok"] is False
+    assert [n["host"] for n in pre["nodes"] if not n["ok"]] == ["127.0.0.2"]
+    assert next(r for r in records if r["kind"] == "launch")["hosts"] == ["127.0.0.1", "127.0.0.3"]
+    assert "launching on 127.0.0.1, 127.0.0.3 without them" in done.stderr
+
+
+@pytest.mark.slow
+def test_run_with_preflight_stops_before_the_launch_without_room(sprite_cmd, clean_env, tmp_path, example_script):
+    env = _allocation(clean_env, tmp_path, 2)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([*sprite_cmd, "run", "--devices", "1", "--accelerator", "cpu", "--preflight",
+                           "--preflight-fault", "127.0.0.1:no-device", "--run-dir", str(run_dir), example_script],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "preflight failed on 127.0.0.1 (devices), and the allocation has no room" in done.stderr
+    kinds = [r["kind"] for r in _audit(run_dir)]
+    assert kinds == ["preflight"]  # nothing launched
+    assert not os.path.exists(run_dir / "heartbeat" / "attempt-1")
