@@ -1,36 +1,36 @@
-"""Checkpoint save and load with sprite's integrity (write once, SHA-256 manifest, fsync, verified load)
-against a plain torch.save / torch.load of the same state, measured in the same run.
+"""Checkpoint save and load with sprite (background save on torch's public writer, SHA-256 manifest written last
+after every rank's files are durable, verified load) against a synchronous plain torch.save + fsync and against
+Lightning's own save of the same state, all measured in the same run.
 
 The parity recipe's model (LoRA on a Qwen2 decoder; default qwen2.5-0.5b-shape) is sharded with FSDP2 over the
 launched ranks and takes one AdamW step, so the state is what a LoRA checkpoint holds: every weight, frozen ones
-included, and the adapter's optimizer state. The sprite side is what sprite's runtime does with every checkpoint
-(sprite.runtime.ckpt.save, ckpt_seal, durable): write, hash from the page cache on a pool of threads, seal, and
-fsync the new files on a background thread, so a save is timed twice: until it returns to the training loop
-("save") and until its files are on disk on every rank ("durable"). Loads verify as `sprite run --resume` does
-(sprite.runtime.ckpt.shared_verify: every rank hashes its share of the files; a sharded folder's shard files while it
-loads, the rest first). Every load also copies what it read into the state's own tensors (a resume is not done
-before the model holds it), for all sides alike.
-Two formats:
-- sharded: a torch.distributed.checkpoint folder written by sprite's writer (hashed_save.dcp_save with
-  sprite.runtime.ckpt.dcp_write: no torch.save per tensor, fsync left to the seal); load = every rank loads it with
-  sprite's reader (sprite.runtime.ckpt.dcp_read.load, which sprite's runtime gives Lightning in place of dcp.load). Both hold off Python's cycle collector (gcpause.paused_gc). Baseline:
-  each rank torch.save / torch.load of its own local shards, one file per rank.
-- full state: the gathered state on rank 0 written by the runtime's hashed save (torch.save into a temporary
-  name, a pool of threads hashes each 64 MiB piece, rename), then sealed; load = verify, then torch.load with
-  mmap=True, as Lightning's FSDP strategies load a full-state file (lightning/fabric/strategies/model_parallel.py).
-  Baseline: rank 0 torch.save / torch.load of the same gathered dict. Gathering is done once, outside all timings.
-Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. The plain save
-does not fsync; the time an fsync of its files takes afterwards is timed too, and sprite's durable time is given
-as a ratio to that durable plain save (plain save + fsync). Also printed, to tell the format's cost from
-sprite's: the same save and load without sprite (Lightning's own dcp.save / dcp.load, whose FileSystemWriter
-fsyncs every file by default, or its single-file write, which does not, then its mmap load), no manifest. Loads
-are timed twice: from the page cache the save just filled, and cold (each load's files dropped from the page
-cache first), as a resume on a fresh node reads them.
-
-After the timings, torch's own reader loads sprite's last sharded folder into a blank copy of the state, which
-must equal the state saved (the run fails otherwise).
+included, and the adapter's optimizer state. Each sprite save runs what sprite's runtime runs for
+``Trainer.save_checkpoint`` (sprite.runtime.ckpt.seal: the state staged off the device, then on the background
+thread the write, hashes, fsyncs, gather and manifest), and is timed twice:
+- stall: from the save call until the training loop may go on (the copy off the device; a wait for a previous
+  save in flight would count too), against a synchronous plain torch.save of the same state (ratio target <= 0.25);
+- sealed: from the save call until the manifest is on disk on every rank, against plain torch.save + fsync (target
+  <= 1.3).
+Loads verify as `sprite run --resume` does (sprite.runtime.ckpt.shared_verify) and copy what they read into the
+state's own tensors; timed from the page cache the save just filled (warm) and cold (files dropped from the page
+cache first). Formats:
+- sharded: a torch.distributed.checkpoint folder (dcp.async_save, torch's FileSystemWriter), one row per async
+  mode (--modes: torch's "thread" and "process" checkpointers); load = sprite's reader (dcp_read.load). Plain
+  baseline: each rank torch.save / torch.load of its own local shards. Lightning's own: dcp.save (fsyncs every
+  file) / dcp.load.
+- full state: the gathered state on rank 0, staged to host and written in the background by torch.save into a
+  temporary name, fsynced, hashed, renamed, sealed; load = verify, then torch.load(mmap=True) as Lightning's FSDP
+  strategies load it. Plain baseline: rank 0 torch.save / torch.load. Lightning's own: cloud_io._atomic_save (no
+  fsync) / torch.load(mmap=True).
+Then the step time: --steps optimizer steps of the recipe's model without checkpoints, and the same with a sprite
+sharded save every --every steps (its stall and the background write's contention included), one device
+synchronisation at each end (target <= 1.05).
+Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. After the timings,
+torch's own reader loads sprite's last sharded folder into a blank copy of the state, which must equal the state
+saved (the run fails otherwise).
 
     python benchmarks/checkpoint_io.py [--model qwen2.5-0.5b-shape] [--devices 2] [--accelerator auto] [--repeats 3]
+        [--modes thread,process] [--steps 40] [--every 10] [--batch 2] [--seq 8]
 """
 
 from __future__ import annotations
@@ -58,10 +58,15 @@ def _state(model_name: str, accelerator: str):
 
     kind = device_type(accelerator)
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(kind.name, local) if kind.name != "cpu" else torch.device("cpu")
+    shared = kind.name != "cpu" and kind.module().device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = torch.device(kind.name, local % kind.module().device_count()) if kind.name != "cpu" else \
+        torch.device("cpu")
     if kind.name != "cpu":
         kind.module().set_device(device)  # NCCL's communicator takes the current device, not the model's
-    dist.init_process_group(backend_for(device))
+    # More ranks than devices: the ranks share them through gloo (NCCL refuses two ranks on one GPU; FACTS.md)
+    dist.init_process_group("gloo" if shared else backend_for(device))
+    _DEVICE[0] = f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else device.type}" + \
+        (f", {dist.get_world_size()} ranks sharing it through gloo" if shared else "")
     model = recipe.build_model(Settings(model=model_name, global_batch=2)).to(device)
     shard_model(model, init_device_mesh(device.type, (dist.get_world_size(),)))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
@@ -69,6 +74,9 @@ def _state(model_name: str, accelerator: str):
                                                                                            device=device)).backward()
     optimizer.step()
     return model, optimizer, get_model_state_dict, get_optimizer_state_dict
+
+
+_DEVICE = ["cpu"]
 
 
 def _timed(fn, clean: bool = False) -> float:
@@ -109,32 +117,33 @@ def _folder_bytes(path: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _seal(path: pathlib.Path, rank: int, world: int) -> None:
-    """What sprite's runtime does after every save to a new name (sprite.runtime.ckpt.seal): each of ``world``
-    ranks hashes the files it wrote (a single file hashed as it was written is not read again), rank 0 seals them
-    all, and every rank queues the fsync of its files (rank 0: also the manifest and folders) on its background
-    thread."""
+def _background_save(state: dict, path: pathlib.Path, rank: int, world: int, folder: bool, writes: bool = True):
+    """What sprite's runtime does for ``Trainer.save_checkpoint`` (sprite.runtime.ckpt.seal.save_checkpoint):
+    wait for the save in flight, stage this rank's writes (``writes`` False: this rank writes nothing, as a
+    full-state save's ranks but 0), and queue the background job that writes, hashes, fsyncs and seals."""
     import torch.distributed as dist
 
-    from sprite import integrity
-    from sprite.runtime.ckpt import durable
-    from sprite.runtime.ckpt.seal import describe_mine
+    from sprite.runtime.ckpt import background, durable
+    from sprite.runtime.ckpt import save as hashed_save
+    from sprite.runtime.ckpt import seal
 
-    mine = describe_mine(path, rank, world, sync=False)
-    reports, files, folders = [mine], [], []
-    if world > 1:  # a full-state file is rank 0's alone: no gather
-        reports = [None] * world
-        dist.all_gather_object(reports, mine)
-    if rank == 0:
-        assert all(ok for ok, _, _ in reports), reports
-        manifest = integrity.seal(path, {"bench": True}, {rel: entry for _, described, _ in reports
-                                                          for rel, entry in described.items()}, sync=False)
-        files, folders = [str(manifest)], [*([str(path)] if path.is_dir() else []), str(manifest.parent)]
-    durable.saved([*mine[2], *files], folders)
+    durable.wait()
+    if folder and rank == 0:
+        path.mkdir()
+    if folder:
+        dist.barrier()
+    group = background.group()
+    hashed_save._group = group
+    with hashed_save.collecting() as pending:
+        if writes:
+            (hashed_save.dcp_save if folder else hashed_save.atomic_save)(state, path)
+    plan = {"write": str(path), "swap": False, "folder": folder}
+    meta = {"step": 0, "bench": True}
+    durable.later(lambda: seal._complete(plan, path, meta, pending, rank, world, group))
 
 
-def _durable() -> None:
-    """Wait until this rank's background fsyncs are done (every rank calls it; _timed's barrier then waits for all)."""
+def _sealed() -> None:
+    """Wait until this rank's background save is sealed (every rank calls it; _timed's barrier waits for all)."""
     from sprite.runtime.ckpt import durable
 
     assert durable.drain(600)
@@ -168,27 +177,22 @@ def _like(state, make):
     return state
 
 
-def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
-    """One repeat of the sharded format: sprite's sealed DCP save and verified load, and the per-rank baseline."""
+def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int, mode: str) -> dict:
+    """One repeat of the sharded format: sprite's background save and verified load, the per-rank plain baseline,
+    Lightning's own dcp.save / dcp.load."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from sprite.runtime.ckpt import dcp_read
+    from sprite.runtime.ckpt import dcp_read, dcp_write
     from sprite.runtime.ckpt import shared_verify
-    from sprite.runtime.ckpt.save import dcp_save
 
-    folder, plain, bare = root / f"dcp{repeat}", root / f"plain{repeat}", root / f"bare{repeat}"
+    folder = root / f"dcp-{mode}{repeat}"
+    plain, bare = root / f"plain-{mode}{repeat}", root / f"bare-{mode}{repeat}"
     local = {key: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in part.items()}
              for key, part in (("model", state["model"]), ("optim", _flat(state["optim"])))}
     world = dist.get_world_size()
-
-    def sprite_save():
-        if rank == 0:
-            folder.mkdir()
-        dist.barrier()
-        dcp_save(state, folder)
-        _seal(folder, rank, world)
+    dcp_write.MODE = mode
 
     def plain_save():
         if rank == 0:
@@ -204,15 +208,16 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
     def plain_load():  # into the model's own local shards, as dcp.load does
         _into(local, torch.load(plain / f"rank{rank}.pt", weights_only=True))
 
-    def format_save():  # the format without sprite: Lightning's own dcp.save (fsyncs, sync_files=True), no manifest
+    def format_save():  # Lightning's own sharded save: dcp.save (fsyncs, sync_files=True), no manifest
         dcp.save(state, checkpoint_id=bare)
 
     times = {"plain_save": _timed(plain_save, clean=True),
              "plain_fsync": _timed(lambda: _fsync(plain / f"rank{rank}.pt")),
-             "format_save": _timed(format_save, clean=True), "sprite_save": _timed(sprite_save, clean=True),
-             "sprite_durable": _timed(_durable),
-             "plain_load": _timed(plain_load), "format_load": _timed(lambda: dcp.load(state, checkpoint_id=bare)),
-             "sprite_load": _timed(sprite_load)}
+             "format_save": _timed(format_save, clean=True),
+             "sprite_stall": _timed(lambda: _background_save(state, folder, rank, world, True), clean=True)}
+    times["sprite_sealed"] = times["sprite_stall"] + _timed(_sealed)
+    times.update(plain_load=_timed(plain_load), format_load=_timed(lambda: dcp.load(state, checkpoint_id=bare)),
+                 sprite_load=_timed(sprite_load))
     times.update(plain_cold=_cold(plain_load, plain), format_cold=_cold(lambda: dcp.load(state, checkpoint_id=bare),
                                                                         bare), sprite_cold=_cold(sprite_load, folder))
     return {**times, "plain_bytes": _folder_bytes(plain) if rank == 0 else 0,
@@ -227,7 +232,7 @@ def _check(root: pathlib.Path, state: dict, repeat: int) -> bool:
     import torch.distributed.checkpoint as dcp
 
     blank = _like(state, torch.zeros_like)  # new containers, so that nothing of ``state`` is loaded into
-    dcp.load(blank, checkpoint_id=root / f"dcp{repeat}")
+    dcp.load(blank, checkpoint_id=root / f"dcp-thread{repeat}")
     same = torch.tensor([float(_equal(blank, state))], device=_device(state))
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     return bool(same.item())
@@ -261,21 +266,18 @@ def _flat(optim: dict) -> dict:
 
 
 def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
-    """One repeat of the full-state format on rank 0: sprite's hashed write and seal, verified load; the baseline."""
+    """One repeat of the full-state format on rank 0: sprite's background save and seal, verified load; the
+    plain baseline; Lightning's own write and load."""
     import torch
+    import torch.distributed as dist
 
     from sprite import integrity
-    from sprite.runtime.ckpt.save import atomic_save
 
     from lightning.fabric.utilities.cloud_io import _atomic_save
 
     path, plain, bare = root / f"full{repeat}.ckpt", root / f"full{repeat}.plain.ckpt", root / f"full{repeat}.bare"
     dest = _like(state, torch.empty_like) if rank == 0 else None  # where a load puts the state: the model's tensors
-
-    def sprite_save():  # Lightning's TorchCheckpointIO write under sprite's runtime, then the seal
-        if rank == 0:
-            atomic_save(state, path)
-            _seal(path, rank, 1)
+    world = dist.get_world_size()
 
     def plain_save():
         if rank == 0:
@@ -300,17 +302,55 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
 
     times = {"plain_save": _timed(plain_save, clean=True),
              "plain_fsync": _timed(lambda: _fsync(plain) if rank == 0 else None),
-             "format_save": _timed(format_save, clean=True), "sprite_save": _timed(sprite_save, clean=True),
-             "sprite_durable": _timed(_durable),
-             "plain_load": _timed(plain_load), "format_load": _timed(format_load), "sprite_load": _timed(sprite_load)}
+             "format_save": _timed(format_save, clean=True),
+             "sprite_stall": _timed(lambda: _background_save(state, path, rank, world, False, rank == 0), clean=True)}
+    times["sprite_sealed"] = times["sprite_stall"] + _timed(_sealed)
+    times.update(plain_load=_timed(plain_load), format_load=_timed(format_load), sprite_load=_timed(sprite_load))
     times.update(plain_cold=_cold(plain_load, plain), format_cold=_cold(format_load, bare),
                  sprite_cold=_cold(sprite_load, path))
     return {**times, "plain_bytes": plain.stat().st_size if rank == 0 else 0,
             "sprite_bytes": path.stat().st_size if rank == 0 else 0}
 
 
+def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> float:
+    """Seconds for ``args.steps`` optimizer steps of the recipe's model (one synchronisation at each end), with a
+    sprite sharded save every ``every`` steps (0: none), on the slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    from sprite.parity import recipe
+    from sprite.runtime.ckpt import durable
+
+    device = next(model.parameters()).device
+    tokens = torch.randint(0, 100, (args.batch, args.seq), device=device)
+    labels = torch.zeros(args.batch, dtype=torch.long, device=device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sync = (lambda: torch.get_device_module(device).synchronize(device)) if device.type != "cpu" else (lambda: None)
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = recipe.row_loss(model, tokens, labels)
+        loss.backward()
+        optimizer.step()
+        if every and step % every == 0:
+            _FIT_SAVES[0] += 1  # the same count on every rank, so the same folder name
+            _background_save(state_of(), root / f"fit-save{_FIT_SAVES[0]}", rank, world, True)
+    sync()
+    elapsed = torch.tensor([time.perf_counter() - start])
+    durable.wait()  # the last save's background work is not the fit's time; it is waited for outside it
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
+
+
+_FIT_SAVES = [0]
+
+
 def worker(args) -> None:
     """Inside every rank (launched by ``main`` through sprite's plan)."""
+    import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -321,16 +361,30 @@ def worker(args) -> None:
     full = {"state_dict": get_model(model, options=options), "optimizer_states": [get_optim(model, optimizer,
                                                                                             options=options)]}
     root = pathlib.Path(args.out)
-    runs = {"sharded": [], "full state": []}
+    modes = [mode for mode in args.modes.split(",") if mode]
+    runs = {**{f"sharded ({mode})": [] for mode in modes}, "full state": []}
     for repeat in range(args.repeats):
-        runs["sharded"].append(_sharded(root, sharded, rank, repeat))
+        for mode in modes:
+            runs[f"sharded ({mode})"].append(_sharded(root, sharded, rank, repeat, mode))
         runs["full state"].append(_full(root, full, rank, repeat))
     loads_equal = _check(root, sharded, args.repeats - 1)  # every rank
+    fit = {}
+    if args.steps:
+        from sprite.runtime.ckpt import dcp_write
+
+        dcp_write.MODE = modes[0]
+        state_of = lambda: {"model": get_model(model), "optim": get_optim(model, optimizer)}  # noqa: E731
+        _steps(model, optimizer, args, root, state_of, 0)  # warm-up
+        plain = [_steps(model, optimizer, args, root, state_of, 0) for _ in range(args.repeats)]
+        saving = [_steps(model, optimizer, args, root, state_of, args.every) for _ in range(args.repeats)]
+        fit = {"steps": args.steps, "every": args.every, "mode": modes[0], "no_ckpt": statistics.median(plain),
+               "ckpt": statistics.median(saving)}
     if rank == 0:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
                    for fmt, rows in runs.items()}
         print("RESULT " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians,
-                                      "torch_reads_sprites_folder": loads_equal}))
+                                      "fit": fit, "torch_reads_sprites_folder": loads_equal,
+                                      "device": _DEVICE[0], "torch": torch.__version__}))
     dist.destroy_process_group()
 
 
@@ -340,11 +394,16 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default="thread,process", help="torch's async checkpointer types to measure")
+    parser.add_argument("--steps", type=int, default=40, help="steps of the step-time comparison (0: skip it)")
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=8)
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    if args.repeats < 1 or args.devices < 1:
-        parser.error("--repeats and --devices must be 1 or more")
+    if args.repeats < 1 or args.devices < 1 or args.every < 1 or args.steps < 0:
+        parser.error("--repeats, --devices and --every must be 1 or more, --steps 0 or more")
     if args.worker:
         worker(args)
         return 0
@@ -357,7 +416,8 @@ def main() -> int:
         flags = {"script": os.path.abspath(__file__), "devices": args.devices, "strategy": "fsdp",
                  "accelerator": args.accelerator, "env": {"HF_HUB_OFFLINE": "1"},
                  "args": ["--worker", "--out", tmp, "--model", args.model, "--accelerator", args.accelerator,
-                          "--repeats", str(args.repeats)]}
+                          "--repeats", str(args.repeats), "--modes", args.modes, "--steps", str(args.steps),
+                          "--every", str(args.every), "--batch", str(args.batch), "--seq", str(args.seq)]}
         plan = plan_run(flags)
         run = subprocess.run([resolve_program(plan), *plan.argv[1:]], env={**os.environ, **plan.env},
                              capture_output=True, text=True)
@@ -366,22 +426,35 @@ def main() -> int:
         print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
         return 1
     result = json.loads(line.split("RESULT ", 1)[1])
-    print(f"model {result['model']}, {result['world']} ranks, medians of {args.repeats}; torch's reader loads"
-          f" sprite's sharded folder equal: {result['torch_reads_sprites_folder']}; sprite = write once,"
-          " SHA-256 manifest, fsync in the background / verified load (shard files while they load); loads include"
-          " the copy into the state")
-    for fmt, m in result["medians"].items():
-        durable = m["sprite_save"] + m["sprite_durable"]
-        print(f"{fmt:>10}: save {m['sprite_save']:.2f} s vs plain {m['plain_save']:.2f} s (ratio"
-              f" {m['sprite_save'] / m['plain_save']:.2f}); on disk after {durable:.2f} s vs plain save + fsync"
-              f" {m['plain_save'] + m['plain_fsync']:.2f} s (ratio"
-              f" {durable / (m['plain_save'] + m['plain_fsync']):.2f}); load {m['sprite_load']:.2f} s"
-              f" vs plain {m['plain_load']:.2f} s (ratio {m['sprite_load'] / m['plain_load']:.2f});"
-              f" without sprite: save {m['format_save']:.2f} s, load {m['format_load']:.2f} s; from a cold page"
-              f" cache: load {m['sprite_cold']:.2f} s vs plain {m['plain_cold']:.2f} s (ratio"
-              f" {m['sprite_cold'] / m['plain_cold']:.2f}), without sprite {m['format_cold']:.2f} s; bytes"
-              f" {m['sprite_bytes'] / 1e6:.1f} MB vs {m['plain_bytes'] / 1e6:.1f} MB")
+    print(report(result, args))
     return 0
+
+
+def report(result: dict, args) -> str:
+    """The figures as text: each ratio against the baseline measured in the same run."""
+    import platform
+
+    lines = [f"model {result['model']}, {result['world']} ranks on {result['device']} ({platform.node()}, torch"
+             f" {result['torch']}), medians of {args.repeats};"
+             f" torch's reader loads sprite's sharded folder equal: {result['torch_reads_sprites_folder']}"]
+    for fmt, m in result["medians"].items():
+        plain_durable = m["plain_save"] + m["plain_fsync"]
+        lines.append(
+            f"{fmt:>18}: stall {m['sprite_stall']:.3f} s vs sync plain torch.save {m['plain_save']:.3f} s (ratio"
+            f" {m['sprite_stall'] / m['plain_save']:.2f}, target <= 0.25); sealed on disk {m['sprite_sealed']:.3f} s"
+            f" vs plain save + fsync {plain_durable:.3f} s (ratio {m['sprite_sealed'] / plain_durable:.2f}, target"
+            f" <= 1.3); Lightning's own save {m['format_save']:.3f} s (stall ratio"
+            f" {m['sprite_stall'] / m['format_save']:.2f}); load warm {m['sprite_load']:.3f} s vs plain"
+            f" {m['plain_load']:.3f} s (ratio {m['sprite_load'] / m['plain_load']:.2f}), Lightning's"
+            f" {m['format_load']:.3f} s; load cold {m['sprite_cold']:.3f} s vs plain {m['plain_cold']:.3f} s (ratio"
+            f" {m['sprite_cold'] / m['plain_cold']:.2f}), Lightning's {m['format_cold']:.3f} s; bytes"
+            f" {m['sprite_bytes'] / 1e6:.1f} MB vs {m['plain_bytes'] / 1e6:.1f} MB")
+    fit = result.get("fit")
+    if fit:
+        lines.append(f"step time: {fit['steps']} steps with a sharded save ({fit['mode']}) every {fit['every']}:"
+                     f" {fit['ckpt']:.3f} s vs {fit['no_ckpt']:.3f} s without checkpoints (ratio"
+                     f" {fit['ckpt'] / fit['no_ckpt']:.3f}, target <= 1.05)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ format, which sprite's reader still loads). The writer is torch's, with three pu
 - ``cache_staged_state_dict`` where an accelerator is present: the pinned host copy is reused from one save to
   the next (it needs an accelerator: on a CPU-only torch 2.13 it raises "Cannot access accelerator device").
 Each item is a ``torch.save`` record written without its CRC-32 (``torch.serialization.set_crc32_options``,
-:func:`no_crc32`): ``torch.load`` does not need it, and sprite's manifest covers every byte with SHA-256. The
-files are hashed after the write, from the page cache, on the background thread (``sprite.integrity.digest``).
+:func:`no_crc32`): ``torch.load`` does not need it, and sprite's manifest covers every byte with SHA-256. That
+setting is per thread (torch 2.13 torch/utils/_config_module.py keeps overrides in a ContextVar), so
+:class:`Writer` sets it in the thread that runs ``write_data``; the further threads torch starts there when
+``thread_count`` > 1 still compute it. The files are hashed after the write, from the page cache, on the
+background thread (``sprite.integrity.digest``).
 
 ``MODE`` picks torch's async checkpointer: "thread" (a thread of this rank) or "process" (a process torch starts,
 which keeps the write's Python work off the training loop's GIL); benchmarks/checkpoint_io.py measures both.
@@ -19,16 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-MODE = os.environ.get("SPRITE_CKPT_ASYNC_MODE", "thread")  # "thread" or "process" (torch's AsyncCheckpointerType)
+MODE = "thread"  # torch's AsyncCheckpointerType: "thread" or "process"
 MAX_THREADS = 4  # files a rank writes in parallel at most
-
-_crc_lock = threading.Lock()
-_crc_users = [0, True]  # how many writes are running without CRC-32, and the setting before the first
 
 
 def threads() -> int:
@@ -41,28 +40,36 @@ def threads() -> int:
     return max(1, min(MAX_THREADS, cores // local))
 
 
+class Writer(FileSystemWriter):
+    """torch's FileSystemWriter, writing its items without CRC-32 (module docstring)."""
+
+    def write_data(self, plan, planner):
+        with no_crc32():
+            return super().write_data(plan, planner)
+
+
 def writer(path) -> FileSystemWriter:
     """torch's writer for a folder sprite has just created (module docstring)."""
+    import logging
+
+    from sprite.runtime.ckpt.torch_names import DCP_LOGGER
+
+    quiet = logging.getLogger(DCP_LOGGER)
+    if quiet.level == logging.DEBUG:  # torch's own setting: records built per staged item and dropped
+        quiet.setLevel(logging.INFO)
     cache = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
-    return FileSystemWriter(path, single_file_per_rank=True, sync_files=False, thread_count=threads(),
-                            cache_staged_state_dict=cache)
+    return Writer(path, single_file_per_rank=True, sync_files=False, thread_count=threads(),
+                  cache_staged_state_dict=cache)
 
 
 @contextlib.contextmanager
 def no_crc32():
-    """``torch.save`` writes no CRC-32 inside the block (the earlier setting comes back when the last block ends).
-    The setting is torch's global one: a ``torch.save`` another thread makes meanwhile skips it too."""
+    """``torch.save`` in this thread writes no CRC-32 inside the block (the setting before it comes back after)."""
     from torch.serialization import get_crc32_options, set_crc32_options
 
-    with _crc_lock:
-        if _crc_users[0] == 0:
-            _crc_users[1] = get_crc32_options()
-            set_crc32_options(False)
-        _crc_users[0] += 1
+    before = get_crc32_options()
+    set_crc32_options(False)
     try:
         yield
     finally:
-        with _crc_lock:
-            _crc_users[0] -= 1
-            if _crc_users[0] == 0:
-                set_crc32_options(_crc_users[1])
+        set_crc32_options(before)

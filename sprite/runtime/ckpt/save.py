@@ -175,10 +175,13 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
     to it); the files are hashed when the save is sealed."""
     from sprite.runtime.ckpt import dcp_write
 
+    if os.path.islink(path) or (os.path.isdir(path) and os.listdir(path)):
+        raise FileExistsError(f"{path} is a symlink or a folder that is not empty: a sharded checkpoint is written "
+                              "only into a new folder (nothing in it is written over).")
     if _collect is None:
         from torch.distributed.checkpoint import save
 
-        with paused_gc(), dcp_write.no_crc32():
+        with paused_gc():
             save(converted_state, storage_writer=dcp_write.writer(path))
         return
     _collect.append(_async_dcp(converted_state, path, process_group or _group))
@@ -195,16 +198,9 @@ def _async_dcp(state: dict, path, group) -> Pending:
     from sprite.runtime.ckpt import dcp_write
 
     _dcp_writer = _dcp_writer or dcp_write.writer(path)
-    crc = contextlib.ExitStack()
-    crc.enter_context(dcp_write.no_crc32())
-    try:
-        with paused_gc():
-            future = async_save(state, checkpoint_id=path, storage_writer=_dcp_writer, process_group=group,
-                                async_checkpointer_type=AsyncCheckpointerType(dcp_write.MODE))
-    except BaseException:
-        crc.close()
-        raise
-    future.add_done_callback(lambda _: crc.close())
+    with paused_gc():
+        future = async_save(state, checkpoint_id=path, storage_writer=_dcp_writer, process_group=group,
+                            async_checkpointer_type=AsyncCheckpointerType(dcp_write.MODE))
 
     def run() -> dict:
         future.result()

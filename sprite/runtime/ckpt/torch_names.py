@@ -1,0 +1,43 @@
+"""The torch versions sprite's checkpointing is tested with, and the private torch names it still relies on.
+
+sprite's save path uses public torch APIs only (``dcp.async_save``, ``FileSystemWriter``,
+``torch.serialization.set_crc32_options``). What remains private is the reader's (``sprite.runtime.ckpt.dcp_read``)
+and the shutdown's; each name below was checked against the torch versions in ``TESTED``, and
+tests/test_torch_range.py fails, naming it, when the installed torch no longer has one. When torch moves one,
+change it here and where the note says it is used.
+"""
+
+from __future__ import annotations
+
+# The torch versions this module's names and sprite's checkpoint tests were run with (pyproject.toml states
+# the same range as its torch requirement): 2.13.0 CPU (the development machines), 2.11.0+cu130 (the H200s).
+TESTED = ("2.11.0", "2.13.0")
+LOWEST, BELOW = "2.11", "2.14"  # the range: LOWEST <= torch < BELOW
+
+# (module, attribute, where sprite uses it)
+PRIVATE = (
+    ("torch.storage", "_get_dtype_from_pickle_storage_type", "dcp_read: a stored tensor's dtype from its pickle"),
+    ("torch._utils", "_rebuild_tensor_v2", "dcp_read: the one call a plain tensor's data.pkl may name"),
+    ("torch.distributed._shard._utils", "narrow_tensor_by_index", "dcp_read: a stored chunk of a tensor"),
+    ("torch.distributed.checkpoint.default_planner", "_EmptyStateDictLoadPlanner", "dcp_read: consolidation"),
+    ("torch.distributed.checkpoint.state_dict_loader", "_load_state_dict", "dcp_read: consolidation"),
+    ("torch.distributed.distributed_c10d", "_get_default_store", "finish: the rendezvous store at shutdown"),
+)
+
+# Python logging's name for torch.distributed.checkpoint's logger: torch sets it to DEBUG with a NullHandler
+# (torch/distributed/c10d_logger.py), so every staged item builds log records nobody reads; dcp_write raises it.
+DCP_LOGGER = "c10d-NullHandler-dcp_logger"
+
+
+def missing() -> list[str]:
+    """The names of ``PRIVATE`` the installed torch lacks, as ``module.attribute``."""
+    import importlib
+
+    gone = []
+    for module, name, _ in PRIVATE:
+        try:
+            if not hasattr(importlib.import_module(module), name):
+                gone.append(f"{module}.{name}")
+        except ImportError:
+            gone.append(f"{module}.{name}")
+    return gone
