@@ -20,7 +20,20 @@ _RUNTIME_API = {
     "PALSEnvironment": "sprite.runtime.environment",
 }
 
-__all__ = ["__version__", *_RUNTIME_API]
+__all__ = ["__version__", "beat", *_RUNTIME_API]
+
+
+def beat(step: int | None = None) -> None:
+    """Tell sprite's stall watchdog that this rank finished training step ``step`` (None: one more step).
+
+    The one line a Fabric or plain torch.distributed script adds to be watched as a Trainer is. Light: it imports
+    nothing; outside a ``sprite run`` with a heartbeat (the runtime loaded no heartbeat module) it does nothing.
+    """
+    import sys
+
+    beats = sys.modules.get("sprite.runtime.beats")
+    if beats is not None:
+        beats.beat(step)
 
 
 def __getattr__(name: str):

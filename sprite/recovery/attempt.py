@@ -25,8 +25,8 @@ LOG_TAIL = 1 << 20  # the classifier reads the last MiB of an attempt's log
 class Watcher:
     """The child runner's tick: reads the heartbeats every ``poll`` seconds and answers a stop line on a stall."""
 
-    def __init__(self, run: Run, where: Path, world_size: int) -> None:
-        self.where, self.poll = where, heartbeat_seconds(run.limits) / 2
+    def __init__(self, run: Run, where: Path, world_size: int, log: Path | None = None) -> None:
+        self.where, self.log, self.poll = where, log, heartbeat_seconds(run.limits) / 2
         self.watch = Watch(run.limits, world_size, time.monotonic())
         self.stall: Stall | None = None
         self._next = 0.0
@@ -36,8 +36,15 @@ class Watcher:
         if now < self._next:
             return None
         self._next = now + self.poll
-        self.stall = self.watch.observe(heartbeat.read_all(self.where), now)
+        self.stall = self.watch.observe(heartbeat.read_all(self.where), now, self._output())
         return report(SpriteError(self.stall.message())) if self.stall else None
+
+    def _output(self) -> int | None:
+        """Bytes the launch has printed so far (its log), None when unknown: the watchdog's output fallback."""
+        try:
+            return os.path.getsize(self.log) if self.log else None
+        except OSError:
+            return None
 
 
 def _unfinished(verdict: classify.Verdict, beats: dict) -> classify.Verdict:
@@ -82,7 +89,7 @@ def run_one(run: Run, plan: LaunchPlan, number: int, signals: child.Forwarding) 
     """
     world = plan.world
     log_path = run.path / f"attempt-{number}.log"
-    watcher = Watcher(run, rundir.attempt_heartbeats(run.path, number), world.size)
+    watcher = Watcher(run, rundir.attempt_heartbeats(run.path, number), world.size, log_path)
     started, wall = time.monotonic(), time.time()
     run.record("attempt_start", attempt=number, hosts=list(world.hosts), nodes=world.nodes, world_size=world.size,
                launcher=world.flavour, resume=plan.env.get(contract.RESUME, ""), log=log_path.name)

@@ -49,6 +49,9 @@ class Stall:
         if self.suspect_hosts:
             cause = ("The ranks on some hosts fell behind the others in a training step: a node fault is likely "
                      f"(suspect hosts: {','.join(self.suspect_hosts)}).")
+        elif self.allowance == "first-step allowance":
+            cause = ("No rank reported a training step and the output stayed silent: a hang in start-up, or a script"
+                     " without a Lightning Trainer that reports no steps (add sprite.beat(step) to its loop).")
         else:
             cause = ("The usual cause is a collective that not every rank reached (a save, log or barrier under a "
                      "rank-zero guard), a hung device or a lost node.")
@@ -66,11 +69,19 @@ class Watch:
     started: float
     _seen: dict = field(default_factory=dict)
     _last_change: float | None = None
+    _output: int | None = None
     progressed: bool = False  # some rank got past its first training step in this attempt
 
-    def observe(self, beats: dict[int, Beat], now: float) -> Stall | None:
+    def observe(self, beats: dict[int, Beat], now: float, output: int | None = None) -> Stall | None:
+        """``output``: how many bytes the launch has printed so far. While no rank has reported a phase past
+        start-up (a Fabric or plain script that never calls sprite.beat), new output counts as progress, as
+        ezpz's watchdog counts it; once heartbeats report steps, only they count."""
         if self._last_change is None:
             self._last_change = self.started
+        if output is not None and output != self._output:
+            if self._output is not None and all(beat.phase == heartbeat.START for beat in beats.values()):
+                self._last_change = now
+            self._output = output
         for rank, beat in beats.items():
             if self._seen.get(rank) != (beat.pid, beat.count):
                 self._seen[rank] = (beat.pid, beat.count)

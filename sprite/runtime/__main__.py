@@ -1,7 +1,9 @@
-"""``python -m sprite.runtime SCRIPT ARGS...``: run a Lightning script as one rank of the launched world.
+"""``python -m sprite.runtime SCRIPT ARGS...``: run a script as one rank of the launched world.
 
-Reads the ``SPRITE_*`` contract, registers sprite's accelerator and strategies with Lightning, makes every
-``Trainer(...)`` the script builds run the launched world, then runs the script as ``__main__`` with its own argv.
+Reads the ``SPRITE_*`` contract, exports the standard ``RANK``/``WORLD_SIZE``/... variables from the launcher's own
+(standard_env.py), registers sprite's accelerator and strategies with Lightning, makes every ``Trainer(...)`` and
+``Fabric(...)`` the script builds run the launched world, then runs the script as ``__main__`` with its own argv
+and reports a world smaller than the launched one (world_check.py; docs/scripts.md).
 Without any ``SPRITE_*`` variable it runs the script as a single process with the "xpu" accelerator registered.
 """
 
@@ -32,13 +34,19 @@ def run(argv: list[str]) -> None:
     from sprite.runtime import preempt_signal
 
     preempting = preempt_signal.install(os.environ)  # first: the signal may come during the imports below
+    from sprite.runtime import beats as progress
     from sprite.runtime import config, preempt, pytorch_lightning_guard, registry
     from sprite.runtime.ckpt import seal as ckpt_seal
     from sprite.runtime.ckpt import resume
     from sprite.runtime.ckpt import rng_state
-    from sprite.runtime import trainer_wrap
+    from sprite.runtime import fabric_wrap, standard_env, trainer_wrap, world_check
 
     cfg = config.from_env(os.environ)
+    rank = 0
+    if cfg is not None and cfg.launcher:
+        ranks = standard_env.export(os.environ, cfg)  # before anything reads RANK: a plain script, Lightning
+        standard_env.bind_device(cfg, ranks.local_rank)
+        rank = ranks.global_rank
     registry.register()
     ckpt_seal.install()
     rng_state.install()
@@ -46,8 +54,10 @@ def run(argv: list[str]) -> None:
     if preempting:
         preempt.install()
     if cfg is not None:
-        _start_heartbeat(cfg)
+        progress.start(os.environ, rank)  # the stall watchdog's heartbeat (beats.py)
         trainer_wrap.install(cfg)
+        fabric_wrap.install(cfg)
+        world_check.install(rank)
         pytorch_lightning_guard.install(cfg)
         if cfg.launcher != "srun":
             # Lightning 2.6.6 fabric/plugins/environments/slurm.py:205 tells every rank to "prepend srun" whenever
@@ -61,14 +71,16 @@ def run(argv: list[str]) -> None:
         sys.path.insert(0, folder)
     else:
         sys.path[0] = folder
-    _run_script(script, launched=cfg is not None)
+    _run_script(script, launched=cfg is not None,
+                joined=lambda: world_check.check(cfg.world_size, rank, cfg.checks) if cfg is not None else None)
 
 
-def _run_script(script: str, launched: bool) -> None:
+def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
     """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, wait
-    for the background checkpoint work (durable.py), say so to the watchdog and end every rank together
-    (finish.py); stopped for preemption, wait for that work too and exit 75 (preempt.py);
-    failing, leave the process group at once (finish.abandon) so the rank exits with its own code."""
+    for the background checkpoint work (durable.py), say so to the watchdog, end every rank together
+    (finish.py) and report a world smaller than the launched one (``joined``: world_check.py); stopped for
+    preemption, wait for that work too and exit 75 (preempt.py); failing, leave the process group at once
+    (finish.abandon) so the rank exits with its own code."""
     from sprite.runtime import finish, preempt
     from sprite.runtime.ckpt import durable
     from sprite.runtime import beats as progress
@@ -83,6 +95,7 @@ def _run_script(script: str, launched: bool) -> None:
             durable.drain()  # checkpoints on disk and superseded ones removed, while the process group lives
             progress.finish()
             finish.finish()
+            joined()
         elif launched:
             finish.abandon()
         raise
@@ -94,18 +107,7 @@ def _run_script(script: str, launched: bool) -> None:
         durable.drain()
         progress.finish()
         finish.finish()
-
-
-def _start_heartbeat(cfg) -> None:
-    """Report progress to sprite's stall watchdog when the launch asked for it (SPRITE_RUN_DIR set)."""
-    from sprite.runtime import beats as progress
-    from sprite.runtime.ranks import resolve_ranks
-
-    try:
-        rank = resolve_ranks(os.environ, cfg.launcher).global_rank if cfg.launcher else 0
-    except UsageError:
-        return  # contradicting rank variables: the Trainer check reports them with every value named
-    progress.start(os.environ, rank)
+        joined()
 
 
 def main() -> int:

@@ -110,6 +110,13 @@ def start(env, rank: int) -> Optional[Heart]:
     return _current
 
 
+def beat(step: Optional[int] = None) -> None:
+    """Report one training step of a script without a Lightning Trainer (``sprite.beat(step)``): the stall
+    watchdog then holds it to the stall timeout, as a Trainer's steps are. ``step`` None: the last step + 1."""
+    if _current is not None:
+        _current.update(heartbeat.TRAINING, _current.beat.step + 1 if step is None else int(step))
+
+
 def callbacks() -> list:
     """The callbacks a Trainer of this launch gets: the progress reporter when a heartbeat runs."""
     return [ProgressCallback(_current)] if _current is not None else []

@@ -6,6 +6,7 @@ from an outer launcher therefore raises instead of making every rank rank 0.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -24,6 +25,7 @@ class Flavour:
     local_rank: tuple[str, ...]
     world_size: tuple[str, ...]
     node: tuple[str, ...] = ()
+    node_names: tuple[str, ...] = ()  # the scheduler's own name for this node (matched against SPRITE_HOSTS)
 
 
 FLAVOURS: dict[str, Flavour] = {
@@ -41,7 +43,8 @@ FLAVOURS: dict[str, Flavour] = {
         ("OMPI_COMM_WORLD_NODE_RANK",),
     ),
     "srun": Flavour(
-        ("SLURM_PROCID", "RANK"), ("SLURM_LOCALID", "LOCAL_RANK"), ("SLURM_NTASKS", *_WORLD), ("SLURM_NODEID",)
+        ("SLURM_PROCID", "RANK"), ("SLURM_LOCALID", "LOCAL_RANK"), ("SLURM_NTASKS", *_WORLD), ("SLURM_NODEID",),
+        ("SLURMD_NODENAME",),
     ),
     "local": Flavour(("RANK",), ("LOCAL_RANK",), _WORLD, ("NODE_RANK", "GROUP_RANK")),
 }
@@ -94,20 +97,38 @@ def read_rank_var(env: Mapping[str, str], names: tuple[str, ...], what: str, fla
     return next(iter(found.values()), None)
 
 
-def node_from_hosts(hosts: list[str], hostname: str) -> int:
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback name or address: every 127.x.y.z is this machine."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def node_from_hosts(hosts: list[str], hostname: str, names: tuple[str, ...] = (), launcher_node: Optional[int] = None
+                    ) -> int:
     """This host's index in the launcher's host list, matching full or short names.
 
+    ``names`` are other names the scheduler itself gives this node (Slurm's ``SLURMD_NODENAME``). A loopback
+    entry (127.x.y.z, localhost) is this machine. When several entries are this machine (simulated nodes on one
+    machine: a PBS nodefile of 127.0.0.1 and 127.0.0.2 under Hydra's fork bootstrap), the host list cannot tell
+    them apart and ``launcher_node`` (the launcher's node id, or rank // ranks-per-node) must be one of them.
+    A real allocation lists each node once by name, so this never loosens the check there.
+
     Raises:
-        UsageError: this host is not in the list.
+        UsageError: this host is not in the list (or is several times, and ``launcher_node`` is none of them).
     """
-    mine = {hostname, hostname.split(".")[0]}
-    for index, host in enumerate(hosts):
-        if host in mine or host.split(".")[0] in mine:
-            return index
-    if len(hosts) == 1 and hosts[0] in ("localhost", "127.0.0.1"):
-        return 0
+    mine = {hostname, hostname.split(".")[0], *names}
+    matches = [index for index, host in enumerate(hosts)
+               if host in mine or host.split(".")[0] in mine or _loopback(host)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches and launcher_node in matches:
+        return launcher_node
     raise UsageError(
-        f"This host ({hostname}) is not in {contract.HOSTS}={','.join(hosts)}.",
+        f"This host ({hostname}) is not in {contract.HOSTS}={','.join(hosts)}." if not matches else
+        f"This host ({hostname}) is entries {matches} of {contract.HOSTS}={','.join(hosts)}, and the launcher put"
+        f" this rank on node {launcher_node}.",
         "The ranks were placed on other nodes than the plan's host list (a hand-written host file, or a changed"
         " allocation).",
         "Launch through `sprite run` inside the allocation so the host list and the placement agree.",
@@ -138,11 +159,11 @@ def resolve_ranks(env: Mapping[str, str], flavour: str, hostname: Optional[str] 
     nodes = read_rank_var(env, (contract.NUM_NODES,), "node count") or 1
     per_node = per_node or max(world // nodes, 1)
     hosts = [h for h in env.get(contract.HOSTS, "").split(",") if h.strip()]
+    node = read_rank_var(env, spec.node, "node rank")
+    node = rank // per_node if node is None else node
     if hosts:
-        node = node_from_hosts(hosts, hostname or socket.gethostname())
-    else:
-        node = read_rank_var(env, spec.node, "node rank")
-        node = rank // per_node if node is None else node
+        names = tuple(env[name] for name in spec.node_names if env.get(name))
+        node = node_from_hosts(hosts, hostname or socket.gethostname(), names, node)
     if rank != node * per_node + local:
         raise UsageError(
             f"Rank {rank} is local rank {local} on node {node}, but with {per_node} ranks per node it must be"

@@ -1,0 +1,229 @@
+"""Any script, any launcher: a plain torch.distributed script and a Lightning Fabric script run the launched world
+unchanged, and a launch whose script never joins the world is reported (docs/scripts.md).
+
+Real launches on CPU (gloo), 2 ranks each: sprite's local supervisor, MPICH Hydra mpiexec and torchrun (srun: in
+tests/test_multinode.py, which owns the real Slurm). Each launch runs once per module; several tests read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sprite.contract import heartbeat
+from sprite.contract.heartbeat import Beat
+from sprite.recovery.watchdog import Limits, Watch
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+PLAIN, FABRIC = str(SCRIPTS / "any_plain.py"), str(SCRIPTS / "any_fabric.py")
+VENV_BIN = str(Path(sys.executable).parent)
+STRIP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
+         "GROUP_RANK", "PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELIST")
+FLAGS = {"local": ["--launcher", "local"], "mpiexec": ["--launcher", "mpiexec"], "torchrun": ["--launcher", "torchrun"]}
+
+
+def launch(sprite_cmd, cwd: Path, flags: list[str], script: str, args: list[str], env: dict | None = None
+           ) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    base["PATH"] = f"{VENV_BIN}{os.pathsep}{base.get('PATH', '')}"  # the MPICH wheel's mpiexec lives here
+    cmd = [*sprite_cmd, "run", "--run-dir", str(cwd / "run"), *flags, script, *args]
+    return subprocess.run(cmd, cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=300)
+
+
+def reports(folder: Path, prefix: str) -> list[dict]:
+    return [json.loads((folder / f"{prefix}{rank}.json").read_text()) for rank in range(2)]
+
+
+class Runs:
+    """Each (script, launcher, extra flags) launch once, on first use."""
+
+    def __init__(self, sprite_cmd, root: Path) -> None:
+        self.sprite_cmd, self.root, self.done = sprite_cmd, root, {}
+
+    def get(self, script: str, launcher: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+        key = (script, launcher, extra)
+        if key not in self.done:
+            folder = self.root / f"{Path(script).stem}-{launcher}-{len(self.done)}"
+            folder.mkdir()
+            args = [str(folder), *(["--alone"] if "alone" in extra else [])]
+            flags = [*FLAGS[launcher], "--devices", "2", *[f for f in extra if f != "alone"]]
+            self.done[key] = (launch(self.sprite_cmd, folder, flags, script, args), folder)
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def runs(sprite_cmd, tmp_path_factory):
+    return Runs(sprite_cmd, tmp_path_factory.mktemp("any"))
+
+
+@pytest.mark.parametrize("launcher", ["local", "mpiexec", "torchrun"])
+def test_plain_torch_distributed_script_reduces_across_the_launched_world(runs, launcher):
+    proc, folder = runs.get(PLAIN, launcher)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = reports(folder, "plain")
+    assert [s["sum"] for s in seen] == [3.0, 3.0]  # ranks 0 and 1 contribute 1 + 2
+    assert [(s["RANK"], s["LOCAL_RANK"], s["NODE_RANK"], s["GROUP_RANK"]) for s in seen] == [
+        ("0", "0", "0", "0"), ("1", "1", "0", "0")]
+    assert {(s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"], s["world"]) for s in seen} == {("2", "2", 2)}
+    assert len({(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen}) == 1
+    assert "never joined" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("launcher, extra, strategy, precision", [
+    ("mpiexec", (), "DDPStrategy", "Precision"),
+    ("local", ("--strategy", "fsdp", "--precision", "bf16-mixed"), "ModelParallelStrategy", "MixedPrecision"),
+])
+def test_fabric_script_trains_one_model_in_the_launched_world(runs, launcher, extra, strategy, precision):
+    proc, folder = runs.get(FABRIC, launcher, *extra)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = reports(folder, "fabric")
+    assert [(s["rank"], s["local_rank"], s["node_rank"], s["world"], s["num_nodes"]) for s in seen] == [
+        (0, 0, 0, 2, 1), (1, 1, 0, 2, 1)]
+    assert {(s["strategy"], s["precision"]) for s in seen} == {(strategy, precision)}
+    assert seen[0]["pid"] != seen[1]["pid"] and seen[0]["digest"] == seen[1]["digest"]  # one model, two processes
+    assert seen[0]["environment"] in ("HydraEnvironment", "TorchrunEnvironment")
+    # preemption and resume act on Trainer fits only: said once, at launch, never silently absent
+    assert (proc.stdout + proc.stderr).count("a Fabric script gets no checkpoint-and-stop on SIGUSR1") == 1
+
+
+def test_a_script_that_never_joins_the_world_is_reported_once(runs):
+    proc, _ = runs.get(PLAIN, "local", "alone")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    lines = [line for line in out.splitlines() if "never joined a process group" in line]
+    assert len(lines) == 1 and "[rank 0]" in lines[0] and "sprite: warning:" in lines[0], out[-3000:]
+
+
+def test_strict_makes_a_script_that_never_joins_the_world_an_error(runs):
+    proc, _ = runs.get(PLAIN, "mpiexec", "alone", "--strict")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "sprite: error: 2 ranks were launched, but this script never joined a process group" in out
+
+
+# --- without launches -------------------------------------------------------------------------------------------
+
+def _cfg(**over):
+    from sprite.runtime.config import RuntimeConfig
+
+    values = dict(accelerator="cpu", strategy="auto", precision="auto", num_nodes=2, devices=2, world_size=4,
+                  launcher="hydra")
+    return RuntimeConfig(**{**values, **over})
+
+
+HYDRA = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "SPRITE_DEVICES": "2",
+         "SPRITE_NUM_NODES": "2", "SPRITE_HOSTS": "127.0.0.1,127.0.0.2", "MASTER_PORT": "29500"}
+
+
+def test_standard_variables_come_from_the_launchers_own_and_simulated_nodes_pass_the_host_check():
+    from sprite.runtime import standard_env
+
+    env = dict(HYDRA)
+    standard_env.export(env, _cfg())
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                                "MASTER_ADDR")} == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+                                                    "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1", "GROUP_RANK": "1",
+                                                    "MASTER_ADDR": "127.0.0.1"}
+
+
+def test_a_contradicting_standard_variable_is_refused_naming_both_values():
+    from sprite.errors import UsageError
+    from sprite.runtime import standard_env
+
+    with pytest.raises(UsageError, match=r"NODE_RANK=0 contradicts the launch, which makes this process NODE_RANK=1"):
+        standard_env.export({**HYDRA, "NODE_RANK": "0"}, _cfg())
+
+
+def test_the_host_check_still_refuses_a_host_outside_a_real_host_list():
+    from sprite.errors import UsageError
+    from sprite.runtime.ranks import node_from_hosts
+
+    assert node_from_hosts(["n1", "n2"], "vm", names=("n2",)) == 1  # Slurm's own node name (SLURMD_NODENAME)
+    assert node_from_hosts(["127.0.0.1", "127.0.0.2"], "vm", launcher_node=1) == 1
+    with pytest.raises(UsageError, match=r"This host \(vm\) is not in SPRITE_HOSTS=x1,x2"):
+        node_from_hosts(["x1", "x2"], "vm", launcher_node=0)
+    with pytest.raises(UsageError, match="launcher put this rank on node 5"):
+        node_from_hosts(["127.0.0.1", "127.0.0.2"], "vm", launcher_node=5)
+
+
+def test_fabric_arguments_that_contradict_the_launch_stop_with_both_values():
+    from sprite.errors import UsageError
+    from sprite.runtime.fabric_wrap import launched_fabric_kwargs
+
+    cfg = _cfg(num_nodes=1, world_size=2, launcher=None)  # no cluster environment: no rank variables needed
+    kept = launched_fabric_kwargs(cfg, {"devices": 2, "strategy": "ddp", "precision": "32-true"})
+    assert kept["devices"] == 2 and kept["num_nodes"] == 1 and type(kept["strategy"]).__name__ == "DDPStrategy"
+    with pytest.raises(UsageError, match=r"Fabric\(devices=3\) contradicts the launch, which has 2 rank\(s\) per node"):
+        launched_fabric_kwargs(cfg, {"devices": 3})
+    with pytest.raises(UsageError, match=r"Fabric\(num_nodes=2\) contradicts the launch, which has 1 node"):
+        launched_fabric_kwargs(cfg, {"num_nodes": 2})
+    with pytest.raises(UsageError, match=r"Fabric\(strategy='ddp'\) contradicts the launch.*strategy 'fsdp'"):
+        launched_fabric_kwargs(_cfg(strategy="fsdp", num_nodes=1, world_size=2, launcher=None), {"strategy": "ddp"})
+    with pytest.raises(UsageError, match="ddp_spawn"):
+        launched_fabric_kwargs(cfg, {"strategy": "ddp_spawn"})
+
+
+def _beat(rank: int, phase: str, step: int, count: int, first: int = -1) -> Beat:
+    return Beat(rank, "h", 1, step, phase, count, 0.0, first)
+
+
+def test_output_keeps_a_script_without_steps_alive_and_heartbeat_steps_take_over():
+    watch = Watch(Limits.from_options(10, first_step=20), 2, started=0.0)
+    start = {r: _beat(r, heartbeat.START, 0, 1) for r in range(2)}
+    for now in range(0, 100, 5):  # a Fabric or plain script printing every 5 s: never a stall
+        assert watch.observe(start, float(now), output=now * 10) is None
+    assert watch.observe(start, 130.0, output=950) is not None  # silent past the first-step allowance
+    stall = Watch(Limits.from_options(10, first_step=20), 2, started=0.0)
+    stepping = {r: _beat(r, heartbeat.TRAINING, 5, 9, first=0) for r in range(2)}  # sprite.beat(step) reports
+    assert stall.observe(stepping, 0.0, output=0) is None
+    found = stall.observe(stepping, 15.0, output=500)  # output no longer counts once steps are reported
+    assert found is not None and found.allowance == "stall timeout"
+
+
+def test_sprite_beat_is_light_and_a_no_op_outside_a_launch():
+    code = ("import sys, sprite; sprite.beat(3); sprite.beat(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=VENV_BIN)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_sprite_beat_reports_steps_to_the_heartbeat(tmp_path):
+    import sprite
+    from sprite.runtime import beats
+
+    (tmp_path / "heartbeat" / "attempt-1").mkdir(parents=True)
+    heart = beats.start({"SPRITE_RUN_DIR": str(tmp_path), "SPRITE_ATTEMPT": "1", "SPRITE_HEARTBEAT_SECONDS": "1"}, 0)
+    try:
+        sprite.beat(0)
+        sprite.beat(1)
+        assert heart.beat.phase == heartbeat.TRAINING and heart.beat.past_first_step
+    finally:
+        beats._current = None
+
+
+# --- docs/scripts.md stays true -----------------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "scripts.md"
+TABLE = {  # launched world | stall watchdog | preemption | resume | fit-start checks | run record
+    "Lightning Trainer": ["yes"] * 6,
+    "Lightning Fabric": ["yes", "sprite.beat(step) or output", "no: warned at launch", "no: warned at launch", "no",
+                         "yes"],
+    "plain torch.distributed": ["yes", "sprite.beat(step) or output", "no: warned at launch",
+                                "no: warned at launch", "no", "yes"],
+}
+
+
+def test_docs_table_says_what_each_script_kind_gets():
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0] in TABLE:
+            rows[cells[0]] = [re.sub(r"`", "", c) for c in cells[1:]]
+    assert rows == TABLE
