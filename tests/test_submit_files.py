@@ -126,9 +126,8 @@ def test_every_pbs_submission_gets_its_own_script_and_log(tmp_path, fake_bin):
 def test_an_output_folder_that_cannot_hold_files_is_one_line(tmp_path, fake_bin, output_dir, fragment):
     fake_client(fake_bin, "sbatch", "echo 1\n")
     (tmp_path / "afile").write_text("mine\n")
-    prepared = submit.prepare(write_spec(tmp_path, output_dir=output_dir), "slurm", cwd=str(tmp_path))
-    with pytest.raises(SpriteError) as caught:
-        submit.submit(prepared)
+    with pytest.raises(SpriteError) as caught:  # prepare refuses it, so the dry run does too (issue 32)
+        submit.submit(submit.prepare(write_spec(tmp_path, output_dir=output_dir), "slurm", cwd=str(tmp_path)))
     line = report(caught.value)
     assert caught.value.exit_code == 2 and fragment in line and "scheduler.output_dir" in line, line
     assert (tmp_path / "afile").read_text() == "mine\n"
@@ -140,9 +139,8 @@ def test_an_unwritable_output_folder_is_one_line(tmp_path, fake_bin, monkeypatch
     locked.mkdir(mode=0o500)
     if os.geteuid() == 0:  # root may write anywhere: a FAKE access check answers as any other user's would
         monkeypatch.setattr(jobfiles.os, "access", lambda path, mode: os.path.abspath(path) != str(locked))
-    prepared = submit.prepare(write_spec(tmp_path, output_dir="locked"), "slurm", cwd=str(tmp_path))
-    with pytest.raises(UsageError) as caught:
-        submit.submit(prepared)
+    with pytest.raises(UsageError) as caught:  # prepare refuses it, so the dry run does too (issue 32)
+        submit.submit(submit.prepare(write_spec(tmp_path, output_dir="locked"), "slurm", cwd=str(tmp_path)))
     assert "locked is not writable for you" in report(caught.value) and not any(locked.iterdir())
 
 

@@ -133,18 +133,7 @@ def run(
     if dry_run:
         typer.echo(launch.to_json() if json_out else launch.describe())
         return 0
-    _before_launch(launch)
     return entry.run_all(run_state, launch, preflight=checked_first)
-
-
-def _before_launch(launch) -> None:
-    """Make the rank-log folder (refusing one with old logs) and tell the user where the ranks' output goes."""
-    from sprite.launch import ranklog
-
-    if launch.log_dir:
-        ranklog.prepare(launch.log_dir)
-    for note in launch.output_notes:
-        print(f"sprite: {note}", file=sys.stderr, flush=True)
 
 
 @app.command("env", help="Show what sprite detects here: scheduler, hosts, ranks per node, devices, backend.\n\n"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from sprite.errors import UsageError, one_line
 from sprite.integrity import IntegrityError, make_dir_new, write_new
+from sprite.launch import folders
 
-KERNEL_FS = ("/proc", "/sys", "/dev")  # never a place for job files, even where root could create them
 MAX_TRIES = 10_000
 
 
@@ -45,19 +45,22 @@ def _refuse(folder: str, what: str, fix: str = "") -> UsageError:
                       fix or "Set scheduler.output_dir to a folder you can write to.")
 
 
+def check_output_folder(folder: str) -> None:
+    """Refuse ``folder`` before anything is written (``sprite.launch.folders.problem``): a file in the way, a
+    folder that cannot be made or written, a kernel file system. The dry run checks it too. Raises UsageError."""
+    why = folders.problem(folder)
+    if why:
+        raise _refuse(folder, why)
+
+
 def output_folder(folder: str, written: Written) -> None:
-    """Create ``folder`` (and missing parents) unless it exists; refuse a file in the way, a folder that cannot
-    be written and kernel file systems. Records what it created in ``written``. Raises UsageError."""
-    real = os.path.realpath(folder)
-    kernel = next((top for top in KERNEL_FS if real == top or real.startswith(top + "/")), None)
-    if kernel:
-        raise _refuse(folder, f"is under {kernel}, a kernel file system")
+    """Create ``folder`` (and missing parents) unless it exists, after ``check_output_folder``. Records what it
+    created in ``written``. Raises UsageError."""
+    check_output_folder(folder)
     missing, parent = [], folder
     while not os.path.lexists(parent):
         missing.append(parent)
         parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise _refuse(folder, f"cannot be made: {one_line(parent, 300)} is a file, not a folder")
     for path in reversed(missing):
         try:
             make_dir_new(path)  # 0700 whatever the umask

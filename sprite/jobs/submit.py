@@ -125,6 +125,7 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     literals = {name: value for name, value in file_layer.get("env", {}).items() if name in secret}
     passed = tuple(dict.fromkeys((*literals, *job.pass_env, *job.secrets)))
     block = replace(scheduler_block.resolve(kind, doc, site, job, cwd), pass_env=passed)
+    jobfiles.check_output_folder(block.output_dir)  # as submit() will: the dry run refuses what the submit would
     warning = scheduler_block.check_account(block, site, doc)
     python = block.python or sys.executable
     devices = jobscript.ranks_per_node(job, site)

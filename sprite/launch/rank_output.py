@@ -32,9 +32,32 @@ LABELS = {
 }
 
 
+def pattern_problem(flavour: str, log_dir: str) -> str | None:
+    """Why ``log_dir`` cannot reach ``flavour``'s per-rank file pattern as written; None when it can.
+
+    MPICH Hydra fills in every ``%`` of ``-outfile-pattern`` (``%r`` rank, ``%h`` host, ``%g``, ``%p``, ``%t``;
+    `mpiexec -outfile-pattern -help`, MPICH 5.0.2) and has no escape: ``-outfile-pattern 'M%r/rank%r.log'``
+    wrote into ``M0/rank0.log`` over the bytes already there (seen here, 2026-12-01). srun's ``%%`` is a plain
+    ``%`` (``escape_pattern``), but a backslash anywhere turns every pattern off (srun(1), "filename pattern":
+    "\\ Do not process any of the replacement symbols"), so ``rank%t`` would become one file for all ranks.
+    """
+    if flavour == "hydra" and "%" in log_dir:
+        return ("holds %, which Hydra's mpiexec -outfile-pattern fills in (%r becomes the rank) with no escape, so "
+                "the ranks would write into other folders")
+    if flavour == "srun" and "\\" in log_dir:
+        return ("holds a backslash, which turns off srun --output's patterns, so every rank would write one file")
+    return None
+
+
+def escape_pattern(flavour: str, log_dir: str) -> str:
+    """``log_dir`` as text for ``flavour``'s file pattern: srun(1) reads ``%%`` as one ``%``."""
+    return log_dir.replace("%", "%%") if flavour == "srun" else log_dir
+
+
 def log_file_options(flavour: str, log_dir: str) -> list[str]:
-    """The launcher's own options that write rank N's output to ``log_dir/rank<N>.log``; [] when it has none."""
-    pattern = f"{log_dir}/rank%{'t' if flavour == 'srun' else 'r'}.log"
+    """The launcher's own options that write rank N's output to ``log_dir/rank<N>.log``; [] when it has none.
+    ``log_dir`` passed ``pattern_problem``."""
+    pattern = f"{escape_pattern(flavour, log_dir)}/rank%{'t' if flavour == 'srun' else 'r'}.log"
     if flavour == "srun":
         # srun(1) IO redirection: "%t task identifier (rank) relative to current job. This will create a
         # separate IO file per task"; stderr follows --output unless --error is given (seen with Slurm 22.05).

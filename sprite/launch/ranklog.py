@@ -20,23 +20,41 @@ from pathlib import Path
 
 from sprite.integrity import owner_only
 from sprite.contract import console as console_grammar
-from sprite.errors import UsageError
+from sprite.errors import UsageError, one_line
+from sprite.launch import folders
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 POLL_SECONDS = 0.2
 
 
-def prepare(log_dir: str) -> None:
-    """Create ``log_dir``. Raises UsageError when it is not a folder or already holds rank logs (never appended to)."""
+def check(log_dir: str, label: str = "--log-dir") -> None:
+    """Refuse ``log_dir`` before anything is made: a folder that cannot be made or written, or one that already
+    holds rank logs (never appended to). ``label`` names where it was given (the flag, or ``file:line: key``).
+
+    Raises UsageError.
+    """
     path = Path(log_dir)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--log-dir {log_dir} exists and is not a folder.", "", "Pass a new or empty folder.")
+    why = folders.problem(log_dir)
+    if why:
+        raise UsageError(f"{label}: the rank-log folder {one_line(log_dir, 300)} {why}.",
+                         "Every rank writes its rank<N>.log there.", "Choose a folder you can create and write.")
     old = sorted(p.name for p in path.glob("rank*.log")) if path.is_dir() else []
     if old:
-        raise UsageError(f"--log-dir {log_dir} already holds rank logs of an earlier run ({', '.join(old[:3])}"
-                         f"{', ...' if len(old) > 3 else ''}).", "Rank logs are never appended to or replaced.",
-                         "Pass a fresh --log-dir, or move the old logs away.")
-    owner_only.make_dirs(path)  # 0700, like every folder sprite creates (rank output may hold secrets)
+        raise UsageError(f"{label}: {one_line(log_dir, 300)} already holds rank logs of an earlier run "
+                         f"({', '.join(old[:3])}{', ...' if len(old) > 3 else ''}).",
+                         "Rank logs are never appended to or replaced.", "Choose a fresh folder, or move the old "
+                         "logs away.")
+
+
+def prepare(log_dir: str, label: str = "--log-dir") -> None:
+    """Check ``log_dir`` (``check``) and create it. Raises UsageError, also when it cannot be made meanwhile."""
+    check(log_dir, label)
+    try:
+        owner_only.make_dirs(Path(log_dir))  # 0700, like every folder sprite creates (rank output may hold secrets)
+    except OSError as err:
+        raise UsageError(f"{label}: the rank-log folder {one_line(log_dir, 300)} cannot be made ({err.strerror}).",
+                         "Its parent changed meanwhile, or the file system refuses it.",
+                         "Choose a folder you can create and write.") from None
 
 
 class Follower:

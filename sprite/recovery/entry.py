@@ -13,7 +13,9 @@ from sprite import contract, schedulers
 from sprite.integrity import audit
 from sprite.launch import execute
 from sprite.recovery import rundir
-from sprite.errors import UsageError
+from sprite.errors import UsageError, one_line
+from sprite.launch import folders, ranklog
+from sprite.values.grammar import control_char
 from sprite.launch import plan as planning
 from sprite.launch.plan import LaunchPlan
 from sprite.errors import EXIT_CHECK_FAILED
@@ -32,9 +34,31 @@ def prepare(flags: dict, spec_file: str | None, run_dir: str | None, environ: Ma
         raise UsageError(f"{', '.join(taken)} cannot be set with --env or env:.", "sprite run sets it for every run.",
                          "Use --run-dir DIR to choose the run folder.")
     job_id = schedulers.discover(environ, hostname=socket.gethostname()).job_id
-    run = Run(rundir.choose(run_dir, job_id), flags, spec_file, environ, job.retries, limits_of(job), job.script,
+    path = rundir.choose(check_folders(run_dir, job), job_id)
+    why = folders.problem(str(path))
+    if why:
+        raise UsageError(f"--run-dir {one_line(run_dir or str(path), 300)}: the run folder {why}.",
+                         "sprite makes a new folder for every run (default: under ./sprite-runs/).",
+                         "Pass a --run-dir that can be made, on a file system every node sees.")
+    run = Run(path, flags, spec_file, environ, job.retries, limits_of(job), job.script,
               said_never(flags, spec_file), allow_literal_secrets, requeue=job.requeue)
     return run, run.plan(1, flags)
+
+
+def check_folders(run_dir: str | None, job) -> str | None:
+    """Refuse, before anything is made, a ``--run-dir`` holding a control character (it is printed and recorded)
+    and a rank-log folder that cannot be made or holds old logs (named where it was given). Returns ``run_dir``.
+
+    Raises UsageError.
+    """
+    bad = control_char(run_dir) if run_dir else None
+    if bad:
+        raise UsageError(f"--run-dir {one_line(run_dir, 300)} holds the control character {bad!r}.",
+                         "A newline or escape in a path breaks every line that prints it.",
+                         "Pass a folder name of printable characters.")
+    if job.log_dir:
+        ranklog.check(job.log_dir, job.origins.get("log_dir", "--log-dir"))
+    return run_dir
 
 
 def masked_argv(argv: list[str]) -> list[str]:
@@ -66,7 +90,8 @@ def _launch_record(run: Run, plan: LaunchPlan) -> None:
 
 
 def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
-    """Create the run folder, run every attempt, write the completion record and run.json; returns the exit code.
+    """Create the run folder and the rank-log folder, run every attempt, write the completion record and run.json;
+    returns the exit code.
 
     Raises UsageError when the launcher program is missing (before anything is created).
     """
@@ -77,6 +102,10 @@ def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
         if plan is None:
             rundir.write_summary(run.path, {"run_dir": str(run.path), "status": "preflight failed"})
             return EXIT_CHECK_FAILED
+    if plan.log_dir:  # after the run folder, which may hold it (--run-dir R --log-dir R/logs)
+        ranklog.prepare(plan.log_dir)
+    for note in plan.output_notes:  # where the ranks' output goes, once it can go there
+        print(f"sprite: {note}", file=sys.stderr, flush=True)
     _launch_record(run, plan)
     base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(),
             "argv": masked_argv(sys.argv)}

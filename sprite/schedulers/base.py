@@ -8,11 +8,21 @@ and a site profile; ``tests/test_schedulers.py`` lists what it must provide.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from typing import Callable, Mapping
 
 from sprite.schedulers.allocation import Allocation
 from sprite.errors import UsageError
+
+
+def loads(text: str):
+    """``json.loads`` of a client's output that raises only ValueError, also for nesting deeper than the parser
+    goes (RecursionError) and for integers of over 4,300 digits."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 class Scheduler:
@@ -31,6 +41,7 @@ class Scheduler:
     client_hint: str = ""
     max_signal_lead: int | None = None  # the most seconds before the walltime a warning signal may be asked for
     owned_options: dict = {}  # directive options sprite writes itself -> the scheduler-block key that sets them
+    requeue_options: dict = {}  # options sprite writes for requeue: true -> why (an extra item may not override)
 
     def detect(self, environ: Mapping[str, str]) -> bool:
         """True when ``environ`` is that of a process inside this system's job."""

@@ -6,7 +6,7 @@ were checked to be directive-safe tokens when the block was validated; ``directi
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -14,7 +14,7 @@ from sprite import contract
 from sprite.values import scheduler as sv
 from sprite.schedulers.allocation import Allocation, check_hosts, check_job_id
 from sprite.errors import UsageError, one_line
-from sprite.schedulers.base import Scheduler
+from sprite.schedulers.base import Scheduler, loads
 
 REQUEUE_COUNT = "SPRITE_REQUEUE_COUNT"  # given to a resubmitted job by requeue_argv: how many runs came before
 
@@ -26,22 +26,31 @@ STATES = {"B": "BEGUN", "E": "EXITING", "F": "FINISHED", "H": "HELD", "M": "MOVE
 
 def parse_qstat_json(text: str, job_id: str) -> dict | None:
     """The normalised record of ``job_id`` in ``qstat -f -F json`` output (None if absent). Job keys carry the
-    server name ("123.aurora-pbs-0001..."), so a bare number matches the key's first part.
+    server name ("123.aurora-pbs-0001..."), so a bare number matches the key's first part. A field of another
+    type than PBS Pro writes is read as absent (None).
 
-    Raises ValueError when ``text`` is not PBS Pro's JSON.
+    Raises ValueError when ``text`` is not PBS Pro's JSON (not a mapping of job mappings).
     """
-    jobs = json.loads(text).get("Jobs", {})
+    data = loads(text)
+    jobs = data.get("Jobs", {}) if isinstance(data, dict) else None
     if not isinstance(jobs, dict):
         raise ValueError("no 'Jobs' mapping")
     for key, job in jobs.items():
         if key == job_id or key.split(".")[0] == job_id:
-            code = job.get("Exit_status")
-            return {"scheduler": "pbs", "job_id": key, "name": job.get("Job_Name"),
-                    "state": STATES.get(job.get("job_state"), job.get("job_state")), "reason": job.get("comment"),
-                    "exit_code": code if isinstance(code, int) else None, "nodes": job.get("exec_host"),
-                    "log": str(job.get("Output_Path", "")).split(":", 1)[-1] or None, "queue": job.get("queue"),
-                    "account": job.get("Account_Name"), "source": "qstat -f -F json"}
+            if not isinstance(job, dict):
+                raise ValueError(f"job {key} is no mapping")
+            code, state, log = job.get("Exit_status"), _text(job.get("job_state")), _text(job.get("Output_Path"))
+            return {"scheduler": "pbs", "job_id": key, "name": _text(job.get("Job_Name")),
+                    "state": STATES.get(state, state), "reason": _text(job.get("comment")),
+                    "exit_code": code if type(code) is int else None, "nodes": _text(job.get("exec_host")),
+                    "log": log.split(":", 1)[-1] or None if log else None, "queue": _text(job.get("queue")),
+                    "account": _text(job.get("Account_Name")), "source": "qstat -f -F json"}
     return None
+
+
+def _text(value) -> str | None:
+    """A client's text field: a string as it is, anything else (a number, a list, null) as absent."""
+    return value if isinstance(value, str) else None
 
 
 class PBS(Scheduler):
@@ -62,7 +71,7 @@ class PBS(Scheduler):
 
     def restart_count(self, environ: Mapping[str, str]) -> int:
         count = environ.get(REQUEUE_COUNT, "")
-        return int(count) if count.isdigit() else 0
+        return int(count) if re.fullmatch(r"[0-9]{1,9}", count) else 0  # ASCII: "²".isdigit() is True
 
     def requeue_argv(self, environ: Mapping[str, str], program: Callable[[str], str]) -> list[str]:
         """Submit this job's script again with ``qsub``: PBS Pro's ``qrerun`` needs Manager or Operator privilege

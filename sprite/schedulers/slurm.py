@@ -3,7 +3,6 @@ scontrol / scancel, and srun as its own launcher."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Callable, Mapping
 
@@ -13,7 +12,7 @@ from sprite.values import scheduler as sv
 from sprite.values import grammar as values
 from sprite.schedulers.allocation import Allocation, check_hosts, check_job_id, expand_hosts
 from sprite.errors import UsageError, show
-from sprite.schedulers.base import Scheduler
+from sprite.schedulers.base import Scheduler, loads
 
 
 def expand_nodelist(text: str) -> tuple[str, ...]:
@@ -29,34 +28,44 @@ def expand_nodelist(text: str) -> tuple[str, ...]:
 
 
 def _exit_code(value) -> int | None:
-    """The job's exit code from Slurm's JSON: a raw wait status (22.05) or {"return_code": {"number": N}} (23.02+)."""
+    """The job's exit code from Slurm's JSON: a raw wait status (22.05) or {"return_code": {"number": N}} (23.02+).
+    Anything else (another shape, a bool, a number beyond any exit status) is None."""
     if isinstance(value, dict):
         code = value.get("return_code")
         if isinstance(code, dict):
-            return code.get("number") if code.get("set", True) else None
-        return code if isinstance(code, int) else None
-    return value >> 8 if isinstance(value, int) else None
+            code = code.get("number") if code.get("set", True) is not False else None
+        return code if type(code) is int and 0 <= code <= 0xFFFF else None
+    return value >> 8 if type(value) is int and 0 <= value <= 0xFFFF else None
 
 
 def _state(value) -> str:
-    return ",".join(value) if isinstance(value, list) else str(value or "")
+    if isinstance(value, list):
+        return ",".join(item for item in value if isinstance(item, str))
+    return value if isinstance(value, str) else ""
+
+
+def _text(value) -> str | None:
+    """A text field of Slurm's JSON; another type (a number, a list, null) or "" is absent."""
+    return value if isinstance(value, str) and value else None
 
 
 def parse_job_json(text: str, job_id: str, source: str) -> dict | None:
     """The normalised record of ``job_id`` in ``squeue --json`` / ``scontrol --json show job`` output (None if
-    absent). Slurm 22.05 lists every job whatever -j says, so the record is picked by id here.
+    absent). Slurm 22.05 lists every job whatever -j says, so the record is picked by id here; entries that are
+    no mapping are skipped, fields of another type than Slurm writes are read as absent.
 
-    Raises ValueError when ``text`` is not Slurm's JSON.
+    Raises ValueError when ``text`` is not Slurm's JSON (a mapping with a 'jobs' list).
     """
-    jobs = json.loads(text).get("jobs")
+    data = loads(text)
+    jobs = data.get("jobs") if isinstance(data, dict) else None
     if not isinstance(jobs, list):
         raise ValueError("no 'jobs' list")
     for job in jobs:
-        if str(job.get("job_id")) == job_id:
-            return {"scheduler": "slurm", "job_id": job_id, "name": job.get("name"),
-                    "state": _state(job.get("job_state")), "reason": job.get("state_reason"),
-                    "exit_code": _exit_code(job.get("exit_code")), "nodes": job.get("nodes") or None,
-                    "log": job.get("standard_output") or None, "source": source}
+        if isinstance(job, dict) and str(job.get("job_id")) == job_id:
+            return {"scheduler": "slurm", "job_id": job_id, "name": _text(job.get("name")),
+                    "state": _state(job.get("job_state")), "reason": _text(job.get("state_reason")),
+                    "exit_code": _exit_code(job.get("exit_code")), "nodes": _text(job.get("nodes")),
+                    "log": _text(job.get("standard_output")), "source": source}
     return None
 
 
@@ -65,7 +74,8 @@ def parse_scontrol_text(text: str, job_id: str) -> dict:
     fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
     code = fields.get("ExitCode", "").split(":")[0]
     return {"scheduler": "slurm", "job_id": job_id, "name": fields.get("JobName"), "state": fields.get("JobState", ""),
-            "reason": fields.get("Reason"), "exit_code": int(code) if code.isdigit() else None,
+            "reason": fields.get("Reason"),
+            "exit_code": int(code) if re.fullmatch(r"[0-9]{1,5}", code) else None,  # ASCII: "²".isdigit()
             "nodes": fields.get("NodeList") if fields.get("NodeList") not in (None, "(null)") else None,
             "log": fields.get("StdOut"), "source": "scontrol -o show job"}
 
@@ -101,6 +111,7 @@ class Slurm(Scheduler):
                      **dict.fromkeys(("--output", "-o", "--error", "-e"), "output_dir"),
                      **dict.fromkeys(("--dependency", "-d"), "dependency"), "--signal": "preempt_signal",
                      **dict.fromkeys(("--requeue", "--no-requeue"), "requeue")}
+    requeue_options = {"--open-mode": "--open-mode=append keeps the first run's log when the job runs again"}
 
     def restart_count(self, environ: Mapping[str, str]) -> int:
         # 1 in the first rerun of a requeued job (seen here: `scontrol requeue` with the FACTS.md slurm.conf)

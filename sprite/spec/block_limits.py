@@ -67,13 +67,17 @@ def check(block: dict, site, scheduler, given: dict, complain_for: Callable) -> 
     if block.get("preempt_signal"):
         _check_signal(block, scheduler, complain_for("preempt_signal"))
     for item in block.get("extra", ()):
+        complain = complain_for("extra") if "extra" in given else lambda what, allowed: UsageError(
+            f"{site.source}: key 'submit.extra': {what}", "", f"Allowed: {allowed}.")
         owner = scheduler.owner_of(item)
         if owner:
             fix = f"scheduler.{owner}" if owner != "devices" else "devices:"
-            complain = complain_for("extra") if "extra" in given else lambda what, allowed: UsageError(
-                f"{site.source}: key 'submit.extra': {what}", "", f"Allowed: {allowed}.")
             raise complain(f"{one_line(item, 80)!r} sets what sprite writes from {fix}, so the checks of that "
                            "key (queue limits, the planned launch) would not see it.", f"{fix} instead")
+        why = scheduler.requeue_options.get(item.split(" ")[0].split("=")[0]) if block.get("requeue") else None
+        if why:
+            raise complain(f"{one_line(item, 80)!r} overrides what sprite writes for scheduler.requeue: true "
+                           f"({why}).", "extra without it, or requeue: false")
 
 
 def _check_signal(block: dict, scheduler, complain) -> None:

@@ -7,6 +7,7 @@ where it was written, so a rejection names its file and line (or its flag) and w
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -76,15 +77,23 @@ class JobSpec:
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec) if f.name != "origins")
 
 
+def _ranks(value: Any, complain: Complain) -> str:
+    """``console.check_ranks``, after refusing a rank of more than 9 digits (int() refuses 4,300 and more)."""
+    text = value if isinstance(value, str) else ""
+    if re.search(r"[0-9]{10}", text):
+        raise complain(f"{show(value)} names a rank of more than 9 digits.", console.RANKS_ALLOWED)
+    return console.check_ranks(value, complain)
+
+
 CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "script": v.string, "args": v.arguments, "nodes": v.nodes, "devices": v.ranks_per_node,
     "accelerator": v.choice(ACCELERATORS), "strategy": v.choice(STRATEGIES), "precision": v.choice(PRECISIONS),
     "launcher": v.choice(LAUNCHERS), "mpi": v.choice(MPI_FLAVOURS), "site": v.string, "env": ev.env,
     "pass_env": ev.env_names, "secrets": ev.env_names, "exclude": v.hosts, "master_port": v.port,
     "resume": v.resume, "scheduler": v.mapping, "checks": v.switch(contract.CHECK_MODES),
-    "stall_timeout": v.duration, "first_step_timeout": v.duration, "save_timeout": v.duration,
+    "stall_timeout": v.timeout, "first_step_timeout": v.timeout, "save_timeout": v.timeout,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
-    "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": console.check_ranks,
+    "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": _ranks,
     "cpu_bind": sv.token, "preflight": v.flag,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
@@ -106,14 +115,24 @@ def check_values(values: dict, complain_for: Callable[[str], Complain]) -> dict:
 def from_document(doc: YamlDoc, section: tuple[str, ...] = ()) -> dict:
     """Validated fields of a spec file (or of a profile's ``job:`` block, given ``section``).
 
-    Relative ``script`` and ``resume`` paths resolve against the file's folder. Raises SpecError naming file,
-    line and key.
+    Relative ``script``, ``resume``, ``log_dir`` and ``site`` paths resolve against the file's folder. Raises
+    SpecError naming file, line and key.
     """
     checked = check_values(doc.mapping(section), doc.complainer(section))
-    for key in ("script", "resume", "log_dir"):
-        if key in checked and (key != "resume" or checked[key] not in contract.RESUME_MODES):
+    for key in ("script", "resume", "log_dir", "site"):
+        if key in checked and is_path(key, checked[key]):
             checked[key] = absolute(Path(doc.source).parent / checked[key])
     return checked
+
+
+def is_path(key: str, value: str) -> bool:
+    """Whether ``value`` of ``key`` names a file or folder (resolved against the spec's folder): ``resume`` but
+    never/auto, ``site`` when it is a profile's path (``sites._locate``: a .yaml/.yml name or one holding /)."""
+    if key == "resume":
+        return value not in contract.RESUME_MODES
+    if key == "site":
+        return value.endswith((".yaml", ".yml")) or "/" in value
+    return True
 
 
 def origins(doc: YamlDoc, layer: dict, section: tuple[str, ...] = ()) -> dict:

@@ -134,6 +134,12 @@ def _output_dir(given: dict, doc: YamlDoc, cwd: str, complain_for: Callable) -> 
     else:
         folder = os.path.join(cwd, "sprite-jobs")
     folder = os.path.normpath(folder)
+    if "%" in folder:
+        # sbatch fills in %j, %u, %x... of --output (sbatch(1), "filename pattern"), and Slurm's PBS-style qsub
+        # hands -o to it: the log would go to another folder than the one sprite names and checks.
+        raise complain_for("output_dir")(
+            f"the job's output folder {one_line(folder, 200)!r} holds %, which the batch system fills in "
+            "(%j job id, %u user) in the log's path.", "a folder path without %")
     if not sv.TOKEN.fullmatch(folder):
         raise complain_for("output_dir")(
             f"the job's output folder {one_line(folder, 200)!r} (logs and the script) "

@@ -15,6 +15,7 @@ from sprite.values.grammar import ENV_NAME, control_char, scalar_text
 
 # Variables sprite plans itself for every rank (plan.environment): a spec's env: must not try to set them.
 OWNED_ENV = (contract.MASTER_ADDR, contract.MASTER_PORT, "PYTHONSAFEPATH", *contract.RANK_VARS, *contract.ALL)
+MASKED = "***"  # as sprite.spec.secrets.MASK: how every printer shows a value that may be a secret's
 OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it",
               contract.RUN_DIR: "--run-dir DIR to choose the run folder"}
 
@@ -40,9 +41,17 @@ def env(value: Any, complain: Complain) -> dict:
             text = repr(val)
         bad = control_char(text.replace("\t", " ")) if text is not None else None
         if text is None or bad:
-            raise complain(f"{name}={show(val)} is not a one-line scalar value.", "a string or number")
+            # The value is never shown: the name may be a secret's (the site's patterns are not known here).
+            kind = f"holds the control character {bad!r}" if bad else f"is {_kind(val)}"
+            raise complain(f"{name}={MASKED}: the value {kind}, not one line of text.", "a string or number")
         out[name] = text
     return out
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    return "a mapping" if isinstance(value, dict) else "empty" if value is None else f"a {type(value).__name__}"
 
 
 def env_names(value: Any, complain: Complain) -> tuple[str, ...]:
@@ -51,8 +60,13 @@ def env_names(value: Any, complain: Complain) -> tuple[str, ...]:
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         raise complain(f"{show(value)} is not a list of variable names.", "a YAML list such as [HF_TOKEN, WANDB_API_KEY]")
     for item in items:
+        name, given, _ = item.partition("=")
+        if given and ENV_NAME.fullmatch(name):
+            raise complain(f"{name}={MASKED} gives a value, and only names are listed here.", "a variable's NAME "
+                           "alone: its value is read from the environment of the shell that runs sprite")
         if not ENV_NAME.fullmatch(item):
-            raise complain(f"{show(item)} is not an environment variable name.", "ASCII letters, digits and _, "
+            shown = show(name) + ("=" + MASKED if given else "")
+            raise complain(f"{shown} is not an environment variable name.", "ASCII letters, digits and _, "
                            "not starting with a digit")
         _not_owned(item, complain)
     return tuple(dict.fromkeys(items))

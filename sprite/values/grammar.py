@@ -127,6 +127,19 @@ def duration(value: Any, complain: Complain) -> float:
     return number
 
 
+MIN_TIMEOUT = 1.0  # seconds; ranks beat at most every 0.5 s (recovery.watchdog.heartbeat_seconds)
+
+
+def timeout(value: Any, complain: Complain) -> float:
+    """A watchdog allowance: ``duration`` of at least MIN_TIMEOUT (a shorter one ends a healthy run between two
+    heartbeats)."""
+    number = duration(value, complain)
+    if number < MIN_TIMEOUT:
+        raise complain(f"{show(value)} seconds is shorter than the heartbeat, so every run would stall.",
+                       f"seconds of at least {MIN_TIMEOUT:g}, e.g. 600")
+    return number
+
+
 def string(value: Any, complain: Complain) -> str:
     """Non-empty text without control characters (a path or a name)."""
     if not isinstance(value, str) or not value:
