@@ -130,3 +130,49 @@ def slurm(tmp_path_factory):
         yield SlurmCluster(base, env)
     finally:
         _stop(procs)
+
+
+# --- several slurmd on one machine (shared/FACTS.md "Several nodes on one machine") -----------------------------
+
+MULTI_NODE = "NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} State=UNKNOWN\n"
+
+
+def _multi_conf(base: Path, host: str, names: list[str]) -> str:
+    """The single-node slurm.conf with one NodeName line per simulated node: each slurmd has its own port,
+    spool, PID and log file (%n is the node name), and every NodeAddr is this machine's loopback."""
+    single = CONF.format(host=host, dir=base, cpus=2, ctld_port=_free_port(), d_port=_free_port())
+    lines = [line for line in single.splitlines(keepends=True) if not line.startswith(("NodeName=", "SlurmdPort="))]
+    text = "".join(lines).replace(f"{base}/spool\n", f"{base}/spool/%n\n")
+    text = text.replace(f"{base}/slurmd.pid", f"{base}/slurmd.%n.pid").replace(f"{base}/slurmd.log",
+                                                                                f"{base}/slurmd.%n.log")
+    cpus = max(2, os.cpu_count() or 2)
+    nodes = "".join(MULTI_NODE.format(name=name, host=host, port=_free_port(), cpus=cpus) for name in names)
+    return text.replace("PartitionName=", nodes + "PartitionName=")
+
+
+def start_nodes(base: Path, names: list[str]):
+    """Start slurmctld and one ``slurmd -N NAME`` per name; a generator fixture body: yields a SlurmCluster.
+
+    The node names do not resolve (every NodeAddr is 127.0.0.1): a rendezvous across them needs
+    ``MASTER_ADDR=127.0.0.1`` from the test, never an /etc/hosts entry.
+    """
+    if not shutil.which("slurmctld") or not shutil.which("slurmd"):
+        pytest.skip(f"slurmctld/slurmd are not installed (CI: {APT_HINT})")
+    host = socket.gethostname().split(".")[0]
+    (base / "state").mkdir()
+    for name in names:
+        (base / "spool" / name).mkdir(parents=True)
+    conf = base / "slurm.conf"
+    conf.write_text(_multi_conf(base, host, names))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    procs = [subprocess.Popen(["slurmctld", "-D", "-f", str(conf)], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=(base / "slurmctld.stderr").open("wb"))]
+    procs += [subprocess.Popen(["slurmd", "-D", "-N", name, "-f", str(conf)], env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=(base / f"slurmd.{name}.stderr").open("wb"))
+              for name in names]
+    try:
+        for name in names:
+            _wait_idle(env, name, procs)
+        yield SlurmCluster(base, env)
+    finally:
+        _stop(procs)
