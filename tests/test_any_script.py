@@ -227,3 +227,21 @@ def test_docs_table_says_what_each_script_kind_gets():
         if len(cells) == 7 and cells[0] in TABLE:
             rows[cells[0]] = [re.sub(r"`", "", c) for c in cells[1:]]
     assert rows == TABLE
+
+
+def test_trainer_only_features_are_named_once_for_a_fabric_or_plain_script(monkeypatch, capsys):
+    from sprite.runtime import world_check
+
+    monkeypatch.setattr(world_check, "_kind", "")
+    monkeypatch.setattr(world_check, "_rank", 0)
+    for name, value in (("SPRITE_PREEMPT_SIGNAL", "USR1"), ("SPRITE_RESUME", "auto"), ("SPRITE_CHECKS", "strict")):
+        monkeypatch.setenv(name, value)
+    world_check.seen("plain torch.distributed")
+    world_check.seen("Fabric")  # the first kind seen counts, once
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("sprite: warning: a plain torch.distributed script gets no "
+                                               "checkpoint-and-stop on SIGUSR1 and no --resume auto and no "
+                                               "fit-start checks (--strict)")
+    monkeypatch.setattr(world_check, "_kind", "")
+    world_check.seen("Trainer")
+    assert capsys.readouterr().err == ""

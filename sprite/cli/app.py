@@ -91,7 +91,8 @@ def run(
     preflight_fault: Optional[List[str]] = typer.Option(None, "--preflight-fault", metavar="HOST:KIND",
                                                         help="a negative control for --preflight (tests)"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
-    strict: bool = typer.Option(False, "--strict", help="make every fit-start warning an error (exit 2)"),
+    strict: bool = typer.Option(False, "--strict", help="make every fit-start warning, and a script that never "
+                                "joins the launched world, an error (exit 2)"),
     cpu_bind: Optional[str] = typer.Option(None, "--cpu-bind", help="the launcher's --cpu-bind value (mpiexec, srun); "
                                            "default: the site profile's"),
     log_dir: Optional[str] = typer.Option(None, "--log-dir", help="write every rank's output to DIR/rank<N>.log "

@@ -35,6 +35,7 @@ def seen(kind: str) -> None:
         (f"checkpoint-and-stop on SIG{env.get(contract.PREEMPT_SIGNAL, '')}",
          env.get(contract.PREEMPT_SIGNAL, "none") not in ("", "none")),
         (f"--resume {env.get(contract.RESUME, '')}", env.get(contract.RESUME, "never") not in ("", "never")),
+        ("fit-start checks (--strict)", env.get(contract.CHECKS) == "strict"),
     ) if on]
     if missing:
         print(f"{findings.WARNING}a {kind} script gets no {' and no '.join(missing)}: those act on Lightning Trainer"
