@@ -4,6 +4,7 @@ its fsync, a superseded checkpoint is removed only after it, and a failure keeps
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 from pathlib import Path
 
@@ -208,8 +209,8 @@ def test_a_new_folder_checkpoint_and_its_entry_in_the_parent_are_fsynced_in_the_
         f"/proc/self/fd/{fd}"))), fsync(fd))[1])
 
     def save(_trainer, path, _weights_only, _options):
-        for name in (".metadata", "__0_0.distcp"):
-            (Path(path) / name).write_bytes(b"shard")
+        for name in (".metadata", "__0_0.distcp"):  # .metadata: a pickle, as verification requires
+            (Path(path) / name).write_bytes(pickle.dumps(b"shard") if name == ".metadata" else b"shard")
 
     ckpt_seal.save_checkpoint(save, trainer, target)
     assert durable.drain(60) and integrity.verify(target).valid

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import stat
 import tempfile
 from pathlib import Path
@@ -16,6 +17,9 @@ from sprite import integrity
 from sprite.integrity import IntegrityError
 
 
+META = pickle.dumps(b"m" * 25, protocol=4)  # 40 bytes, a pickle that holds no global (as .metadata must)
+
+
 def _mode(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
@@ -24,7 +28,7 @@ def _folder(root: Path) -> Path:
     ckpt = root / "ckpt"
     integrity.make_dir_new(ckpt)
     (ckpt / "shards").mkdir()
-    integrity.write_new(ckpt / ".metadata", b"meta" * 10)
+    integrity.write_new(ckpt / ".metadata", META)
     integrity.write_new(ckpt / "shards" / "__0_0.distcp", bytes(range(256)) * 3)
     return ckpt
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import random
 
 import numpy as np
@@ -111,7 +112,8 @@ def _sealed_folder(path, step: int):
 
     path.mkdir(parents=True)
     for name, size in ((".metadata", 50), ("__0_0.distcp", 5000), ("meta.pt", 30)):
-        (path / name).write_bytes(bytes([step]) * size)
+        data = bytes([step]) * size
+        (path / name).write_bytes(pickle.dumps(data) if name == ".metadata" else data)  # .metadata: a pickle
     integrity.seal(path, {"step": step, "epoch": 0})
     return path
 

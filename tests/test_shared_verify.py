@@ -4,6 +4,7 @@ hashes its share, and every rank gets the same verdict. Two real gloo processes;
 from __future__ import annotations
 
 import os
+import pickle
 
 import pytest
 
@@ -14,7 +15,8 @@ from sprite.runtime.ckpt import shared_verify
 def _sealed(folder, names):
     folder.mkdir()
     for index, name in enumerate(names):
-        (folder / name).write_bytes(bytes([index]) * (100 + index))
+        data = bytes([index]) * (100 + index)
+        (folder / name).write_bytes(pickle.dumps(data) if name == ".metadata" else data)  # .metadata: a pickle
     integrity.seal(folder, {"step": 1})
     return folder
 

@@ -21,7 +21,7 @@ import hashlib
 import os
 import stat
 
-from sprite.integrity import canonical
+from sprite.integrity import canonical, records
 from sprite.integrity.writeonce import IntegrityError, write_new
 
 GENESIS = "0" * 64  # ``prev`` of the first record
@@ -128,10 +128,9 @@ def read(path) -> list[dict]:
 
 
 def _lines(path) -> tuple[list[bytes], bool]:
-    """The lines without their newlines, and whether the last one had none (a torn append)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read()
+    """The lines without their newlines, and whether the last one had none (a torn append). Raises OSError as
+    ``records.read``: a symlink, a FIFO or a trail over ``records.AUDIT_MAX`` bytes is refused unread."""
+    data = records.read(path, records.AUDIT_MAX)
     lines = data.split(b"\n")
     torn = bool(lines[-1])
     return (lines if torn else lines[:-1]), torn
@@ -145,7 +144,7 @@ def verify(path) -> tuple[bool, str]:
     try:
         lines, torn = _lines(path)
     except OSError as err:
-        return False, f"cannot read {path}: {err.strerror}"
+        return False, f"cannot read {path}: {err.strerror or err}"
     prev = GENESIS
     for number, line in enumerate(lines, 1):
         if torn and number == len(lines):

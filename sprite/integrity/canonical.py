@@ -46,13 +46,18 @@ def unseal(data: bytes, *, one_line: bool = False) -> dict:
     """
     try:
         outer = json.loads(data.decode("ascii"))
+    except RecursionError:
+        raise ValueError("it is JSON nested too deep") from None
     except (UnicodeDecodeError, ValueError) as err:
         raise ValueError(f"it is not JSON ({err.__class__.__name__})") from None
     if not isinstance(outer, dict) or not isinstance(outer.get(SELF), str):
         raise ValueError(f"it is not a JSON object with {SELF}")
     record = {key: value for key, value in outer.items() if key != SELF}
-    if outer[SELF] != digest(record):
-        raise ValueError("its content does not match its own SHA-256")
-    if dumps(outer, one_line=one_line) != data:
-        raise ValueError("its bytes are not in the canonical form sprite writes")
+    try:
+        if outer[SELF] != digest(record):
+            raise ValueError("its content does not match its own SHA-256")
+        if dumps(outer, one_line=one_line) != data:
+            raise ValueError("its bytes are not in the canonical form sprite writes")
+    except RecursionError:  # parsed just under the limit, encoded just over it
+        raise ValueError("it is JSON nested too deep") from None
     return record

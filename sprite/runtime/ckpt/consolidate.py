@@ -50,6 +50,12 @@ def _check(source: pathlib.Path, out: pathlib.Path) -> bool:
                          "It is a file checkpoint already, or not a checkpoint folder.",
                          "Pass a folder saved by FSDP2Strategy/ModelParallelStrategy with save_distributed_checkpoint"
                          "=True.")
+    _outside_checkpoints(source, out)
+    problem = _metadata_problem(source / ".metadata")
+    if problem:
+        raise UsageError(f"{source / '.metadata'} is refused, never unpickled: {problem}.", "torch's own"
+                         " checkpoint metadata holds only torch's metadata classes: the folder was crafted or"
+                         " damaged.", "Consolidate only a checkpoint folder you trust.")
     sealed = os.path.lexists(integrity.manifest_path(source))
     if sealed:
         verdict = integrity.verify(source)
@@ -57,6 +63,31 @@ def _check(source: pathlib.Path, out: pathlib.Path) -> bool:
             raise integrity.IntegrityError(f"{source} does not match its manifest: {verdict.reason}.",
                                            "A shard was changed or lost after the save.", "Use another checkpoint.")
     return sealed
+
+
+def _outside_checkpoints(source: pathlib.Path, out: pathlib.Path) -> None:
+    """Raises UsageError when ``out`` would land inside ``source`` or inside any sealed checkpoint folder: the
+    folder would then hold a file its manifest does not list, and no longer verify (--resume auto would skip a
+    good checkpoint)."""
+    where = pathlib.Path(os.path.realpath(out.parent))
+    inside = next((folder for folder in (where, *where.parents)
+                   if os.path.lexists(folder / integrity.MANIFEST_NAME)), None)
+    if inside is not None or where == pathlib.Path(os.path.realpath(source)) or \
+            pathlib.Path(os.path.realpath(source)) in where.parents:
+        what = f"the sealed checkpoint {inside}" if inside is not None else f"the checkpoint {source}"
+        raise UsageError(f"{out} is inside {what}.", "A file added to a checkpoint folder makes it no longer"
+                         " match its manifest (a later --resume auto would skip it).",
+                         "Pass an OUT outside every checkpoint folder.")
+
+
+def _metadata_problem(path: pathlib.Path) -> str:
+    """Why ``.metadata`` must not be unpickled ("" when it holds torch's metadata classes only); torch-free."""
+    from sprite.integrity import dcp_metadata, records
+
+    try:
+        return dcp_metadata.check(records.read(path, dcp_metadata.METADATA_MAX))
+    except OSError as err:
+        return err.strerror or str(err)
 
 
 def consolidate(source, out) -> dict:
@@ -71,7 +102,8 @@ def consolidate(source, out) -> dict:
     import pickle
 
     import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from sprite.runtime.ckpt import dcp_read
 
     try:  # plain data only: a checkpoint is not trusted to run code
         metadata = torch.load(source / METADATA, map_location="cpu", weights_only=True)
@@ -80,10 +112,14 @@ def consolidate(source, out) -> dict:
                          f"torch.load(weights_only=True) refused it: {str(err).splitlines()[0]}",
                          "Consolidate only checkpoints you trust, with their classes allow-listed"
                          " (torch.serialization.add_safe_globals).") from None
-    buffer = io.BytesIO()
-    dcp_to_torch_save(source, buffer)
-    buffer.seek(0)
-    sharded = torch.load(buffer, map_location="cpu", weights_only=True)
+    try:
+        sharded = dcp_read.load_whole(source)  # neither .metadata nor a stored value runs code
+    except BaseException as err:  # torch's CheckpointException (a BaseException) wraps a refused stored value
+        if isinstance(err, (KeyboardInterrupt, SystemExit, integrity.IntegrityError)) or \
+                "UnpicklingError" not in str(err):
+            raise
+        raise UsageError(f"{source} stores a value beyond tensors and plain data.", "torch.load(weights_only=True)"
+                         " refused it.", "Consolidate only checkpoints you trust.") from None
     optimizers = sorted((key for key in sharded if key.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
     checkpoint = {**metadata, "state_dict": sharded["state_dict"],
                   "optimizer_states": [_by_position(sharded[key]) for key in optimizers]}

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import importlib
 import io
+import os
 import pickle
 import struct
 import sys
@@ -29,6 +31,8 @@ import sys
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.planner import LoadItemType
+
+from sprite.integrity import IntegrityError, dcp_metadata, records
 
 # Bytes read in one call at most, into buffers reused call after call, so that their pages are faulted in once
 # (a longer item is read whole into a buffer of its own, as torch's reader would).
@@ -187,8 +191,50 @@ def _read(stream, start: int, size: int, buffer: torch.Tensor) -> torch.Tensor:
     return span
 
 
+def read_metadata(path):
+    """The torch Metadata pickled in the file ``path`` (a checkpoint folder's ``.metadata``), unpickled with
+    only the names torch's metadata holds (``sprite.integrity.dcp_metadata``): a crafted file runs no code.
+
+    Raises:
+        IntegrityError: the file names anything else, is no regular file, is too large or is not a pickle.
+    """
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        found = dcp_metadata.load(records.read(path, dcp_metadata.METADATA_MAX), _resolve)
+        if not isinstance(found, Metadata):
+            raise ValueError(f"it holds a {type(found).__name__}, not torch's Metadata")
+    except (OSError, ValueError) as err:
+        raise IntegrityError(f"The checkpoint metadata {path} is refused, never unpickled: "
+                             f"{getattr(err, 'strerror', None) or err}.", "torch's own metadata holds only"
+                             " torch's checkpoint classes: the file was crafted or damaged.",
+                             "Use a checkpoint you trust.") from None
+    return found
+
+
+def _resolve(module: str, name: str):
+    """An allowed name (dcp_metadata.ALLOWED, checked before this is called) as torch defines it."""
+    return getattr(importlib.import_module(module), name)
+
+
 class Reader(FileSystemReader):
-    """torch's FileSystemReader with a faster ``read_data`` (module docstring)."""
+    """torch's FileSystemReader with a faster ``read_data`` (module docstring) and a ``read_metadata`` that
+    unpickles only torch's metadata classes."""
+
+    def read_metadata(self, *args, **kwargs):
+        """torch's ``read_metadata`` (filesystem.py:926, torch 2.13) through :func:`read_metadata`."""
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        rank = kwargs.get("rank")
+        if hasattr(self, "_get_metadata_path"):  # torch 2.13's private helper: "__<rank>.metadata" with a rank
+            path = self._get_metadata_path(rank)
+        else:
+            path = os.path.join(self.path, ".metadata" if rank is None else f"__{rank}.metadata")
+        metadata = read_metadata(path)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        return metadata
 
     def read_data(self, plan, planner):
         per_file: dict[str, list] = {}
@@ -275,21 +321,49 @@ def _commit(planner, request, tensor: torch.Tensor) -> None:
     planner.commit_tensor(request, target)
 
 
-def _weights_only_planner():
-    """torch's DefaultLoadPlanner, except that a stored non-tensor value (an optimizer's param_groups, say) must
-    pass ``torch.load(weights_only=True)`` before torch's own ``load_bytes`` unpickles it: that one uses
-    ``weights_only=False`` (default_planner.py, ``load_bytes``), so a crafted checkpoint could run code through
-    it. What passes holds only what the weights-only unpickler allows, so torch's second reading builds the same
-    objects."""
+def _weights_only_planner(base=None):
+    """torch's DefaultLoadPlanner (or ``base``, a subclass of it), except that a stored non-tensor value (an
+    optimizer's param_groups, say) must pass ``torch.load(weights_only=True)`` before torch's own ``load_bytes``
+    unpickles it: that one uses ``weights_only=False`` (default_planner.py, ``load_bytes``), so a crafted
+    checkpoint could run code through it. What passes holds only what the weights-only unpickler allows, so
+    torch's second reading builds the same objects."""
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    class WeightsOnlyPlanner(DefaultLoadPlanner):
+    class WeightsOnlyPlanner(base or DefaultLoadPlanner):
         def load_bytes(self, read_item, value):
             data = value.read()
             torch.load(io.BytesIO(data), weights_only=True)  # raises pickle.UnpicklingError for anything else
             super().load_bytes(read_item, io.BytesIO(data))
 
     return WeightsOnlyPlanner()
+
+
+def load_whole(path) -> dict:
+    """Every value stored in the checkpoint folder ``path``, in one process: torch's ``dcp_to_torch_save``
+    (format_utils.py:208, torch 2.13) without the file, read by :class:`Reader` and the weights-only planner, so
+    neither ``.metadata`` nor a stored value can run code (torch's own passes ``weights_only=False``).
+
+    torch offers no public way to load a folder without a state dict to load into; its converter uses the two
+    private names below (torch 2.13). Without them this refuses rather than unpickle unchecked.
+
+    Raises:
+        IntegrityError: ``.metadata`` names anything but torch's metadata classes (exit 1). RuntimeError: this
+            torch lacks the private names. pickle.UnpicklingError (inside torch's CheckpointException): a stored
+            value is more than plain data.
+    """
+    try:
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    except ImportError as err:  # renamed in a later torch: checked with 2.13 only
+        raise RuntimeError(f"torch {torch.__version__} has no {err.name}: sprite reads whole checkpoint folders"
+                           " with torch 2.13's private converter names only") from None
+    from sprite.runtime.ckpt import gcpause
+
+    state: dict = {}
+    with gcpause.paused_gc():
+        _load_state_dict(state, storage_reader=Reader(path),
+                         planner=_weights_only_planner(_EmptyStateDictLoadPlanner), no_dist=True)
+    return state
 
 
 def load(state: dict, path) -> None:
