@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 
 from sprite.integrity import audit
-from sprite.integrity import canonical
+from sprite.integrity import canonical, records
 from sprite.recovery import rundir
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
@@ -29,24 +29,32 @@ HELP = """List the runs in DIR (default ./sprite-runs), or verify one run's audi
 """
 
 
+PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no process id is larger
+
+
 def _alive(info: dict) -> bool:
-    """Whether the sprite process named in run.json still runs (only knowable on its own host)."""
-    if info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+    """Whether the sprite process named in run.json still runs (only knowable on its own host). Only a real
+    process id counts: 0 and -1 would ask ``kill`` about a whole process group or every process."""
+    pid = info.get("pid")
+    if not isinstance(info.get("host"), str) or info["host"] != socket.gethostname() or \
+            type(pid) is not int or not 0 < pid <= PID_MAX:
         return False
     try:
-        os.kill(info["pid"], 0)
-    except ProcessLookupError:
-        return False
+        os.kill(pid, 0)
     except PermissionError:
         return True
+    except OSError:  # ProcessLookupError: gone
+        return False
     return True
 
 
 def _read_json(path: Path) -> dict:
+    """run.json as an object; {} when it is missing, not a regular file, too large, not JSON or not an object."""
     try:
-        return json.loads(path.read_text())
+        found = records.read_json(path, records.SUMMARY_MAX)
     except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}
 
 
 def describe(run: Path) -> dict:
@@ -83,7 +91,13 @@ def verify(run: Path) -> str:
     ok, reason = audit.verify(trail)
     if ok:
         tail = _read_json(trail.parent / rundir.SUMMARY).get("audit_tail")
-        last = audit.read(trail)[-1][canonical.SELF] if tail else None
+        tail = tail if isinstance(tail, str) else None
+        try:
+            found = audit.read(trail) if tail else []
+        except OSError as err:  # changed since audit.verify read it
+            raise IntegrityError(f"Cannot read the audit trail {trail}: {err.strerror or err}.", "It changed while"
+                                 " being verified.", "Run sprite runs verify again.") from None
+        last = found[-1][canonical.SELF] if found else None
         if tail and last != tail:
             ok, reason = False, (f"the trail ends before its completion record (run.json names {tail[:12]}..., the "
                                  f"last line is {str(last)[:12]}...): lines were removed from the end")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,8 +63,15 @@ def write(where: Path, beat: Beat) -> None:
     os.replace(temporary, final)
 
 
+BEAT_MAX = 64 << 10  # bytes of one heartbeat file read at most (a beat is about 150)
+_TYPES = {"rank": int, "host": str, "pid": int, "step": int, "phase": str, "count": int, "time": float,
+          "first_step": int}
+
+
 def read_all(where: Path) -> dict[int, Beat]:
-    """Every readable heartbeat in ``where`` by rank; a missing folder or a malformed file is skipped."""
+    """Every readable heartbeat in ``where`` by rank; a missing folder or a malformed file is skipped (a symlink,
+    a FIFO, a file over ``BEAT_MAX`` bytes, JSON of another shape or with a field of the wrong type): a bad beat
+    never stops the watchdog."""
     beats: dict[int, Beat] = {}
     try:
         names = [entry.name for entry in os.scandir(where)]
@@ -72,9 +80,44 @@ def read_all(where: Path) -> dict[int, Beat]:
     for name in names:
         if not (name.startswith("rank") and name.endswith(".json")):
             continue
-        try:
-            beat = Beat(**json.loads((where / name).read_text()))
-        except (OSError, ValueError, TypeError):
-            continue
-        beats[beat.rank] = beat
+        beat = parse(_read(where / name))
+        if beat is not None:
+            beats[beat.rank] = beat
     return beats
+
+
+def parse(data: bytes | None) -> Beat | None:
+    """The Beat in ``data`` (a heartbeat file's bytes), or None when it is not one: not JSON (or nested too
+    deep), not an object, an unknown or missing field, a field of the wrong type, a negative rank."""
+    try:
+        fields = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(fields, dict) or not set(_TYPES) - {"first_step"} <= set(fields) <= set(_TYPES):
+        return None
+    for key, value in fields.items():
+        kind = (int, float) if _TYPES[key] is float else _TYPES[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            return None
+    if fields["rank"] < 0 or fields["time"] != fields["time"]:  # NaN is no time
+        return None
+    return Beat(**fields)
+
+
+def _read(path: Path) -> bytes | None:
+    """The bytes of the regular file ``path`` (never a symlink; a FIFO does not block), or None. The contract
+    imports nothing but errors, so this is sprite.integrity.records.read's rule in a few lines."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > BEAT_MAX:
+            return None
+        data = os.read(fd, BEAT_MAX + 1)
+        return data if len(data) <= BEAT_MAX else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
