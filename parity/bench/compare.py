@@ -7,7 +7,6 @@ No torch.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 from sprite.errors import UsageError
@@ -16,16 +15,10 @@ SAME_STEP = ("model", "lora", "strategy", "batch", "seq", "precision", "attentio
 
 
 def load(path: pathlib.Path) -> dict:
-    """A bench report. Raises UsageError when ``path`` holds none."""
-    target = path / "bench.json" if path.is_dir() else path
-    try:
-        report = json.loads(target.read_text())
-        report["settings"], report["points"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UsageError(f"{target} is not a readable bench.json ({err.__class__.__name__}).",
-                         "The path is not a `sprite bench` --out folder or its report.",
-                         "Pass two bench.json files (or the --out folders holding them).") from None
-    return report
+    """A bench report (read and checked by ``store.load_report``). Raises UsageError when ``path`` holds none."""
+    from sprite.parity.bench import store
+
+    return store.load_report(path)
 
 
 def _step(report: dict) -> dict[int, float]:

@@ -9,9 +9,10 @@ and ``bench.png``. No torch here.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 
-from sprite.integrity import owner_only
+from sprite.integrity import owner_only, records
 from sprite.errors import UsageError
 from sprite.parity.bench.settings import SETTINGS_FILE, BenchSettings
 from sprite.parity.store import ResultError, clean
@@ -82,3 +83,45 @@ def load_ranks(target: pathlib.Path, world: int) -> list[dict]:
                               "That rank failed or was killed before it finished its steps.",
                               "Read the launch's log under logs/ and run again into a fresh --out.") from None
     return records
+
+
+REPORT = "bench.json"
+
+
+def load_report(path: pathlib.Path) -> dict:
+    """The bench report ``path`` (a bench.json, or the --out folder holding one), checked to have the shape
+    ``sprite bench compare`` reads: settings, and points each with a world size and a positive sprite step time.
+    The file must be a regular file of at most ``records.REPORT_MAX`` bytes (a FIFO does not block).
+
+    Raises:
+        UsageError: ``path`` holds no readable report of that shape.
+    """
+    target = path / REPORT if path.is_dir() else path
+    try:
+        report = records.read_json(target, records.REPORT_MAX, follow=True)  # the user named it: a link is fine
+        problem = _report_problem(report)
+    except (OSError, ValueError) as err:
+        problem = getattr(err, "strerror", None) or str(err) or err.__class__.__name__
+    if problem:
+        raise UsageError(f"{target} is not a readable bench.json ({problem[:200]}).",
+                         "The path is not a `sprite bench` --out folder or its report.",
+                         "Pass two bench.json files (or the --out folders holding them).")
+    return report
+
+
+def _report_problem(report) -> str:
+    if not isinstance(report, dict) or not isinstance(report.get("settings"), dict) or \
+            not isinstance(report.get("points"), list):
+        return "no settings and points"
+    for point in report["points"]:
+        if not isinstance(point, dict) or type(point.get("world")) is not int or not isinstance(point.get("arms"),
+                                                                                                 dict):
+            return "a point without its world size and arms"
+        sprite = point["arms"].get("sprite")
+        if sprite is None:
+            continue
+        median = sprite.get("step_s", {}).get("median") if isinstance(sprite, dict) and isinstance(
+            sprite.get("step_s"), dict) else None
+        if isinstance(median, bool) or not isinstance(median, (int, float)) or not 0 < median < math.inf:
+            return f"world {point['world']}: no positive sprite step time"
+    return ""
