@@ -101,6 +101,15 @@ def test_slow_compares_with_the_median_of_the_other_ranks_so_two_ranks_suffice()
     assert criterion.slow_problems({0: _good(0, 0.1), 1: _good(1, 0.19), 2: _good(2, 0.1)}, 2.0) == {}
 
 
+def test_the_median_of_the_other_ranks_is_found_without_copying_the_list():
+    import statistics
+
+    values = [0.3, 0.1, 0.2, 0.2, 0.9, 0.4]
+    ordered = sorted(values)
+    for i, value in enumerate(values):
+        assert criterion.median_without(ordered, value) == pytest.approx(statistics.median(values[:i] + values[i + 1:]))
+
+
 def test_devices_a_cpu_rank_needs_one_and_a_gpu_rank_the_sites_promise():
     gpu = [_good(r, accelerator="xpu", devices_seen=12 - (r == 1)) for r in range(2)]
     assert criterion.device_problems(dict(enumerate(gpu)), 12) == {

@@ -17,8 +17,9 @@ A node fails a check when one of its ranks does:
 
 from __future__ import annotations
 
+import bisect
+import functools
 import hashlib
-import statistics
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -41,6 +42,7 @@ def exact_answer(rows: int) -> np.ndarray:
     return a @ b
 
 
+@functools.lru_cache(maxsize=None)  # one product per precision and size, whatever the world size
 def exact_digest(precision: str, rows: int) -> str:
     """sha256 of the exact product's bytes in ``precision``: every value is an integer of magnitude <= 256, so
     fp32, fp16 and bf16 (the upper half of the fp32 bits) hold it exactly on any device."""
@@ -90,6 +92,18 @@ def result_problems(computed: dict[int, dict], size: int, golden: dict = GOLDEN)
     return dict(problems)
 
 
+def median_without(ordered: list[float], value: float) -> float:
+    """The median of the sorted list ``ordered`` less one occurrence of ``value`` (O(log n), not a copy)."""
+    at = bisect.bisect_left(ordered, value)
+    left = len(ordered) - 1
+
+    def rest(k: int) -> float:
+        return ordered[k] if k < at else ordered[k + 1]
+
+    mid = left // 2
+    return rest(mid) if left % 2 else (rest(mid - 1) + rest(mid)) / 2
+
+
 def slow_problems(computed: dict[int, dict], factor: float) -> dict[int, list[str]]:
     """Ranks whose compute time exceeds ``factor`` times the median of the other ranks of the same kind."""
     groups: dict[tuple, dict[int, float]] = defaultdict(dict)
@@ -98,11 +112,12 @@ def slow_problems(computed: dict[int, dict], factor: float) -> dict[int, list[st
             groups[_kind(record)][rank] = float(record["seconds"])
     problems = {}
     for times in groups.values():
-        for rank, seconds in times.items():
-            others = [t for r, t in times.items() if r != rank]
-            if others and seconds > factor * statistics.median(others):
-                problems[rank] = [f"{seconds:.3f} s, {seconds / statistics.median(others):.1f}x the median of the "
-                                  f"other {len(others)} rank(s) (limit {factor:g}x)"]
+        ordered = sorted(times.values())
+        for rank, seconds in times.items() if len(ordered) > 1 else ():
+            median = median_without(ordered, seconds)
+            if seconds > factor * median:
+                problems[rank] = [f"{seconds:.3f} s, {seconds / median:.1f}x the median of the other "
+                                  f"{len(ordered) - 1} rank(s) (limit {factor:g}x)"]
     return problems
 
 

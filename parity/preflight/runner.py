@@ -87,7 +87,9 @@ def launch(out: pathlib.Path, launch_plan: LaunchPlan, deadline: float, grace: f
     from sprite.launch.execute import run_plan
 
     stop, done = threading.Event(), threading.Event()
-    watcher = threading.Thread(target=watch, args=(out, launch_plan.world.size, grace, stop, done), daemon=True)
+    poll = 0.2 if launch_plan.world.size <= 1024 else 1.0  # listing 24,576 records took 0.4 s here
+    watcher = threading.Thread(target=watch, args=(out, launch_plan.world.size, grace, stop, done),
+                               kwargs={"poll": poll}, daemon=True)
     start = time.monotonic()
     watcher.start()
     try:
@@ -110,13 +112,18 @@ def _read(path: pathlib.Path) -> dict | None:
 
 
 def collect(out: pathlib.Path, world: int) -> tuple[dict[int, dict], dict[int, dict]]:
-    """(compute records, final records) by rank; an unreadable record counts as missing."""
+    """(compute records, final records) by rank; an unreadable record counts as missing. Read by 32 threads: on a
+    parallel file system each small file costs a metadata round trip (24,576 files at 1,024 Aurora nodes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [(rank, final, f"rank{rank}.json" if final else f"rank{rank}.compute.json")
+             for rank in range(world) for final in (False, True)]
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        records = list(pool.map(lambda entry: _read(out / "ranks" / entry[2]), names))
     computed, final = {}, {}
-    for rank in range(world):
-        for into, name in ((computed, f"rank{rank}.compute.json"), (final, f"rank{rank}.json")):
-            record = _read(out / "ranks" / name)
-            if record is not None:
-                into[rank] = record
+    for (rank, is_final, _), record in zip(names, records):
+        if record is not None:
+            (final if is_final else computed)[rank] = record
     return computed, final
 
 
