@@ -4,7 +4,7 @@ benchmark runs): each item's state and elapsed time, and an estimate of what is 
 On a terminal it is a live rich table; elsewhere (a log file, CI) one line per start and per end, so logs stay
 readable. Thread-safe: items may start and finish in worker threads. Usage::
 
-    with ProgressBoard(console, [("ref", "1 process"), ("ddp", "2 processes")], "parity arms") as board:
+    with ProgressBoard(console, [("ref", processes(1)), ("ddp", processes(2))], "parity arms") as board:
         board.start("ref"); ...; board.finish("ref", ok=True)
 
 The estimate: an item of a kind (the second field) is expected to take as long as the finished items of that
@@ -37,6 +37,12 @@ class Item:
 
     def elapsed(self, now: float) -> float:
         return 0.0 if self.started is None else (now if self.ended is None else self.ended) - self.started
+
+
+def processes(count: int) -> str:
+    """The kind of an item that launches ``count`` processes ("1 process", "2 processes"): parity, ckpt-check
+    and bench estimate a launch from finished launches of the same size."""
+    return f"{count} process{'es' if count > 1 else ''}"
 
 
 def _clock(seconds: float | None) -> str:

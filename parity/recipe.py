@@ -12,6 +12,7 @@ import os
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from sprite.errors import UsageError
 from sprite.parity.settings import LORA_ALPHA, LORA_RANK, LORA_TARGETS, PRESETS, Settings
@@ -31,6 +32,19 @@ class Classifier(nn.Module):
         with self.backbone_context():
             hidden = self.backbone(input_ids=input_ids).last_hidden_state
         return self.head(hidden[:, -1, :])
+
+
+class Rows(Dataset):
+    """The run's rows as (row index, token ids, label)."""
+
+    def __init__(self, ids: torch.Tensor, labels: torch.Tensor):
+        self.ids, self.labels = ids, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return index, self.ids[index], self.labels[index]
 
 
 def backbone(model: str, attention: str | None = None) -> nn.Module:

@@ -33,8 +33,22 @@ SINGLE_ARMS = ("ref32", "ref", "split", "split_premul")
 DISTRIBUTED_ARMS = ("ddp", "fsdp")
 
 
+class JsonSettings:
+    """A frozen settings dataclass as the JSON of a result folder (run.json, bench_settings.json), and back.
+
+    ``from_dict`` leaves out keys the class does not know (a folder written by another version)."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(JsonSettings):
     """One parity run. ``global_batch`` 0 means the default, two rows per rank."""
 
     precision: str = "32-true"
@@ -63,14 +77,6 @@ class Settings:
     @property
     def arms(self) -> tuple[str, ...]:
         return BF16_ARMS if self.precision == "bf16-mixed" else FP32_ARMS
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Settings:
-        known = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
 
 
 def arm_world(arm: str, settings: Settings) -> int:

@@ -113,7 +113,7 @@ def test_missing_recipe_packages_are_named(capsys, tmp_path, monkeypatch):
 def test_launches_show_their_state_elapsed_time_and_what_is_left(tmp_path, monkeypatch):
     codes = iter([0, 0, 3, 0])  # the third launch (world 2, sprite) fails
     monkeypatch.setattr(bench_runner, "plan_arm", lambda *args: None)  # the stand-in below needs no plan
-    monkeypatch.setattr(execute, "run_plan", lambda plan, log_path: next(codes))
+    monkeypatch.setattr(execute, "run_plan", lambda plan, log_path, timeout, cancel: next(codes))
     console = Console(file=io.StringIO(), force_terminal=False, width=200, color_system=None)
     results = bench_runner.run_all(tmp_path, BenchSettings(sweep=(1, 2), baselines=("raw",)), console)
     assert [r["exit_code"] for r in results] == [0, 0, 3, 0]

@@ -1,6 +1,11 @@
-"""Arm namespaces: no overwrite (partial or complete), manifest sealing, launch overrides. No processes."""
+"""Arm namespaces: no overwrite (partial or complete), manifest sealing, launch overrides, and the launch fields
+and settings files the three harnesses share. No processes."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import os
 
 import numpy as np
 import pytest
@@ -84,3 +89,35 @@ def test_single_device_arms_use_the_runtime_device_table():
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="sees no cuda device"):
             pick_device("cuda")
+
+
+def test_the_three_harnesses_launch_their_workers_with_the_same_fields(tmp_path, monkeypatch):
+    """parity/launch.py's job_fields: every worker runs offline and unbuffered; its CPU threads capped unless set."""
+    from sprite.parity.bench.runner import plan_arm
+    from sprite.parity.bench.settings import BenchSettings
+    from sprite.parity.ckpt.roles import launches
+    from sprite.parity.ckpt.runner import overrides
+    from sprite.parity.ckpt.settings import CkptSettings
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    fit = next(item for item in launches(CkptSettings()) if item.key == "single-fit")
+    ckpt = overrides(tmp_path, fit, CkptSettings(), threads=3)
+    parity = arm_overrides(tmp_path, "ref", None, Settings(), threads=3)
+    for fields in (ckpt, parity):
+        assert fields["env"] == {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "3"}
+    assert ckpt["args"] == ["--out", str(tmp_path), "--launch", "single-fit"] and ckpt["script"].endswith("worker.py")
+    bench = plan_arm(tmp_path, BenchSettings(), 1, "raw", 0, {"PATH": os.environ["PATH"]})
+    assert bench.env["HF_HUB_OFFLINE"] == "1" and int(bench.env["OMP_NUM_THREADS"]) >= 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the shell's own setting wins
+    assert "OMP_NUM_THREADS" not in arm_overrides(tmp_path, "ref", None, Settings(), threads=3)["env"]
+
+
+def test_settings_of_the_three_harnesses_go_to_json_and_back():
+    from sprite.parity.bench.settings import BenchSettings
+    from sprite.parity.ckpt.settings import CkptSettings
+
+    for settings in (Settings(precision="bf16-mixed", faults=("wrong-scale",)), CkptSettings(devices=4),
+                     BenchSettings(sweep=(1, 2), baselines=("raw",))):
+        text = settings.to_json()
+        assert text == json.dumps(dataclasses.asdict(settings), indent=2, sort_keys=True)  # the files' format
+        assert type(settings).from_dict({**json.loads(text), "from_a_later_version": 1}) == settings

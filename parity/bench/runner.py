@@ -17,7 +17,9 @@ from rich.console import Console
 
 from sprite.parity.bench import store as bench_store
 from sprite.parity.bench.settings import BenchSettings
-from sprite.parity.progress import ProgressBoard
+from sprite.parity.launch import job_fields
+from sprite.parity.launch import run as run_launch
+from sprite.parity.progress import ProgressBoard, processes
 from sprite.launch.plan import LaunchPlan
 from sprite.integrity.writeonce import write_new
 
@@ -26,15 +28,11 @@ SCRIPTS = {"sprite": "step.py", "lightning": "step.py", "raw": "raw.py"}
 
 def _flags(out: pathlib.Path, settings: BenchSettings, world: int, arm: str, repeat: int) -> dict:
     nodes, devices = settings.placement(world)
-    env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    if "OMP_NUM_THREADS" not in os.environ:  # every arm the same (torchrun alone would give 1, sprite cores/ranks)
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // devices))
-    return {
-        "script": str(pathlib.Path(__file__).with_name(SCRIPTS[arm])),
-        "args": ["--out", os.fspath(out), "--world", str(world), "--arm", arm, "--repeat", str(repeat)],
-        "nodes": nodes, "devices": devices, "strategy": settings.strategy, "precision": settings.precision,
-        "accelerator": settings.accelerator, "env": env,
-    }
+    # every arm the same threads (torchrun alone would give 1, sprite cores/ranks)
+    return job_fields(str(pathlib.Path(__file__).with_name(SCRIPTS[arm])),
+                      ["--out", os.fspath(out), "--world", str(world), "--arm", arm, "--repeat", str(repeat)],
+                      devices=devices, nodes=nodes, strategy=settings.strategy, precision=settings.precision,
+                      accelerator=settings.accelerator, threads=max(1, (os.cpu_count() or 1) // devices))
 
 
 def without_sprite(plan: LaunchPlan) -> LaunchPlan:
@@ -83,11 +81,9 @@ def run_all(out: pathlib.Path, settings: BenchSettings, console: Console) -> lis
 
     Progress, as for `sprite parity`: each launch's state and elapsed time, and an estimate of what is left
     (launches of the same world take about as long as each other)."""
-    from sprite.launch.execute import run_plan
-
     order, results = launches(settings), []
     names = {entry: f"world {entry[1]} {entry[2]} #{entry[0] + 1}" for entry in order}
-    items = [(names[entry], f"{entry[1]} process{'es' if entry[1] > 1 else ''}") for entry in order]
+    items = [(names[entry], processes(entry[1])) for entry in order]
     with ProgressBoard(console, items, "bench launches") as board:
         for entry in order:
             repeat, world, arm = entry
@@ -96,7 +92,7 @@ def run_all(out: pathlib.Path, settings: BenchSettings, console: Console) -> lis
             write_new(log, b"")  # 0600, and never a log of an earlier run
             board.start(names[entry])
             start = time.monotonic()
-            code = run_plan(plan_arm(out, settings, world, arm, repeat), log_path=log)
+            code = run_launch(plan_arm(out, settings, world, arm, repeat), log)
             seconds = time.monotonic() - start
             board.finish(names[entry], code == 0, "" if code == 0 else f"exit code {code}, see {log}")
             results.append({"repeat": repeat, "world": world, "arm": arm, "exit_code": code, "seconds": seconds,

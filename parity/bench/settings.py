@@ -7,7 +7,8 @@ Light on purpose (no torch): the CLI, the arm workers and the report all read it
 from __future__ import annotations
 
 import dataclasses
-import json
+
+from sprite.parity.settings import JsonSettings
 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 STRATEGIES = ("ddp", "fsdp")
@@ -41,7 +42,7 @@ class Window:
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchSettings:
+class BenchSettings(JsonSettings):
     """One benchmark run. ``batch`` is per rank; ``devices`` 0 puts every sweep point on one node."""
 
     model: str = "tiny"
@@ -101,11 +102,3 @@ class BenchSettings:
     def tokens_per_step(self, world: int) -> int:
         """Tokens the whole world trains in one step (``batch`` rows of ``seq`` tokens on every rank)."""
         return self.batch * self.seq * world
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> BenchSettings:
-        known = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})

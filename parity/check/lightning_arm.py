@@ -12,7 +12,7 @@ import pathlib
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from sprite.parity import probes, recipe, store
 from sprite.parity.check.injector import Injector
@@ -22,19 +22,6 @@ from sprite.parity.strategies import communication, trainer_kwargs
 from sprite.runtime.shard import shard_model
 
 
-class Rows(Dataset):
-    """The run's rows as (row index, token ids, label)."""
-
-    def __init__(self, ids: torch.Tensor, labels: torch.Tensor):
-        self.ids, self.labels = ids, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int):
-        return index, self.ids[index], self.labels[index]
-
-
 class ArmModule(L.LightningModule):
     """Trains the recipe with SGD; Lightning's automatic optimization clips at settings.clip."""
 
@@ -42,7 +29,7 @@ class ArmModule(L.LightningModule):
         super().__init__()
         self.arm, self.fault, self.settings, self.target, self.meta = arm, fault, settings, target, meta
         self.net = recipe.build_model(settings)
-        self.rows = Rows(*recipe.make_rows(settings, self.net.backbone.config.vocab_size))
+        self.rows = recipe.Rows(*recipe.make_rows(settings, self.net.backbone.config.vocab_size))
         self.step_index, self.pending = 0, None
 
     def configure_model(self) -> None:

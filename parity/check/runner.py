@@ -14,7 +14,7 @@ from sprite.integrity import IntegrityError
 from sprite.errors import UsageError, one_line
 from sprite.parity.check import faults
 from sprite.parity.launch import launch_arm
-from sprite.parity.progress import ProgressBoard
+from sprite.parity.progress import ProgressBoard, processes
 from sprite.parity.settings import SINGLE_ARMS, Settings, arm_world
 from sprite.parity.store import ResultError, write_new
 
@@ -66,8 +66,7 @@ def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threa
 
 def _items(settings: Settings, cases: list) -> list[tuple[str, str]]:
     def kind(arm: str) -> str:
-        world = arm_world(arm, settings)
-        return f"{world} process{'es' if world > 1 else ''}"
+        return processes(arm_world(arm, settings))
     return [(arm, kind(arm)) for arm in settings.arms] + [(_label(a, f), kind(a)) for f, a in cases]
 
 

@@ -22,7 +22,6 @@ from sprite.parity.ckpt import faults as ckpt_faults
 from sprite.parity.ckpt import results as ckpt_results
 from sprite.parity.ckpt import state as ckpt_state
 from sprite.parity.ckpt.settings import CkptSettings, lr_factor
-from sprite.parity.check.lightning_arm import Rows
 from sprite.parity.settings import Settings
 from sprite.runtime.shard import shard_model
 
@@ -57,7 +56,7 @@ class CkptModule(L.LightningModule):
         super().__init__()
         self.settings, self.plan, self.fsdp = settings, plan, fsdp
         self.net = recipe.build_model(recipe_settings(settings))
-        self.rows = Rows(*recipe.make_rows(recipe_settings(settings), self.net.backbone.config.vocab_size))
+        self.rows = recipe.Rows(*recipe.make_rows(recipe_settings(settings), self.net.backbone.config.vocab_size))
         self.frozen_before_load = None
         if plan.load:
             with torch.no_grad():

@@ -21,14 +21,23 @@ from rich.console import Console
 from sprite import integrity
 from sprite.integrity import owner_only
 from sprite.errors import UsageError
-from sprite.parity.ckpt.launch import overrides
 from sprite.parity.ckpt.roles import Launch, launches, result_dir
 from sprite.parity.ckpt.settings import CkptSettings
-from sprite.parity.launch import launch
-from sprite.parity.progress import ProgressBoard
+from sprite.parity.launch import job_fields, launch
+from sprite.parity.progress import ProgressBoard, processes
 
 WIDE = 2  # slots a distributed launch takes
 PRIORITY = {"killed": 0, "resume": 1, "reshard": 1, "export": 1, "reload": 2, "fit": 3, "twin": 3}
+
+
+def overrides(out: pathlib.Path, item: Launch, settings: CkptSettings, threads: int = 0) -> dict:
+    """What `sprite run` would be given for ``item``: the worker script and its arguments, the launch's world,
+    strategy, precision and accelerator. ``threads`` > 0 caps a one-process launch's CPU threads."""
+    from sprite.parity.ckpt import worker as ckpt_worker
+
+    return job_fields(ckpt_worker.__file__, ["--out", os.fspath(out), "--launch", item.key], devices=item.devices,
+                      nodes=item.nodes, strategy=item.strategy, precision=settings.precision,
+                      accelerator=settings.accelerator, threads=threads)
 
 
 def claim_dir(out: pathlib.Path, settings: CkptSettings) -> None:
@@ -58,7 +67,7 @@ def _record(out: pathlib.Path, key: str, **outcome) -> None:
 
 def board(pending: list[Launch], console: Console, limit_s: float) -> ProgressBoard:
     """The progress display of `sprite parity` with a row per launch (its processes as its kind)."""
-    items = [(item.key, f"{item.processes} process{'es' if item.processes > 1 else ''}") for item in pending]
+    items = [(item.key, processes(item.processes)) for item in pending]
     return ProgressBoard(console, items, f"ckpt-check launches (time limit {limit_s:g} s each)")
 
 

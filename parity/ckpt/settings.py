@@ -8,7 +8,8 @@ schedule and global-norm clipping, ``epochs`` epochs of ``steps_per_epoch`` step
 from __future__ import annotations
 
 import dataclasses
-import json
+
+from sprite.parity.settings import JsonSettings
 
 ARMS = ("single", "ddp", "fsdp", "fsdp_file")
 FSDP_ARMS = ("fsdp", "fsdp_file")  # one FSDP2 training, two checkpoint formats
@@ -30,7 +31,7 @@ def lr_factor(step: int) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class CkptSettings:
+class CkptSettings(JsonSettings):
     """One checkpoint check. ``global_batch`` 0 means two rows per rank (the reshard then trains four)."""
 
     precision: str = "32-true"
@@ -70,12 +71,3 @@ class CkptSettings:
         if self.nodes % 2 == 0:
             return self.devices, self.nodes // 2
         return self.devices // 2, self.nodes
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> CkptSettings:
-        known = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
-
