@@ -305,3 +305,28 @@ def test_run_with_preflight_stops_before_the_launch_without_room(sprite_cmd, cle
     kinds = [r["kind"] for r in _audit(run_dir)]
     assert kinds == ["preflight"]  # nothing launched
     assert not os.path.exists(run_dir / "heartbeat" / "attempt-1")
+
+
+# --- Slurm: three slurmd on this machine (tests/slurm_cluster.py), sprite inside salloc ---
+
+@pytest.fixture(scope="module")
+def slurm_nodes(tmp_path_factory):
+    import slurm_cluster
+
+    yield from slurm_cluster.start_nodes(tmp_path_factory.mktemp("preflight-nodes"), ["n1", "n2", "n3"])
+
+
+@pytest.mark.slow
+def test_a_wrong_result_on_one_of_three_slurmd_nodes_is_named_under_srun(sprite_cmd, clean_env, tmp_path,
+                                                                          slurm_nodes):
+    env = {**clean_env, "SLURM_CONF": slurm_nodes.env["SLURM_CONF"]}
+    start = time.monotonic()
+    done = subprocess.run(["salloc", "-N", "3", "--ntasks-per-node=1", "--quiet", *sprite_cmd, "preflight",
+                           "--launcher", "srun", *FAST, "--slow-factor", "2.5", "--json", "--out",
+                           str(tmp_path / "out"), "--fault", "n2:wrong-result"], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert [n["host"] for n in report["nodes"]] == ["n1", "n2", "n3"]
+    assert report["failed_hosts"] == ["n2"] and list(report["nodes"][1]["failed"]) == ["result"]
+    assert report["world"]["launcher"] == "srun" and time.monotonic() - start < 90
