@@ -140,6 +140,19 @@ def test_log_dir_under_a_read_only_parent_is_refused(work, sprite_cmd):
     assert "not writable" in line and not (work / "R").exists()
 
 
+def test_log_dir_under_a_read_only_parent_is_refused_fake_access_for_root(work, monkeypatch):
+    """As root every folder is writable, so a FAKE access check answers for ro/ as another user's would."""
+    from sprite.errors import UsageError
+    from sprite.recovery import entry
+
+    (work / "ro").mkdir()
+    monkeypatch.setattr(os, "access", lambda path, mode: os.path.abspath(path) != str(work / "ro"))
+    with pytest.raises(UsageError) as caught:
+        entry.prepare({"script": "t.py", "log_dir": "ro/logs"}, None, "R")
+    assert caught.value.exit_code == 2 and "is not writable for you" in str(caught.value)
+    assert not (work / "R").exists() and not (work / "ro" / "logs").exists()
+
+
 def fake_client(folder: Path, name: str, stdout: str, code: int = 0) -> None:
     path = folder / name
     path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\nexit {code}\n")

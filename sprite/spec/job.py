@@ -79,8 +79,8 @@ FIELD_NAMES = tuple(f.name for f in fields(JobSpec) if f.name != "origins")
 
 def _ranks(value: Any, complain: Complain) -> str:
     """``console.check_ranks``, after refusing a rank of more than 9 digits (int() refuses 4,300 and more)."""
-    text = value if isinstance(value, str) else ""
-    if re.search(r"[0-9]{10}", text):
+    text = v.scalar_text(value) if not isinstance(value, bool) else None
+    if text is not None and re.search(r"[0-9]{10}", text):
         raise complain(f"{show(value)} names a rank of more than 9 digits.", console.RANKS_ALLOWED)
     return console.check_ranks(value, complain)
 
