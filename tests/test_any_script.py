@@ -76,7 +76,7 @@ def test_plain_torch_distributed_script_reduces_across_the_launched_world(runs, 
 
 
 @pytest.mark.parametrize("launcher, extra, strategy, precision", [
-    ("mpiexec", (), "DDPStrategy", "Precision"),
+    ("mpiexec", (), "FabricDDPStrategy", "Precision"),
     ("local", ("--strategy", "fsdp", "--precision", "bf16-mixed"), "ModelParallelStrategy", "MixedPrecision"),
 ])
 def test_fabric_script_trains_one_model_in_the_launched_world(runs, launcher, extra, strategy, precision):
@@ -86,6 +86,7 @@ def test_fabric_script_trains_one_model_in_the_launched_world(runs, launcher, ex
     assert [(s["rank"], s["local_rank"], s["node_rank"], s["world"], s["num_nodes"]) for s in seen] == [
         (0, 0, 0, 2, 1), (1, 1, 0, 2, 1)]
     assert {(s["strategy"], s["precision"]) for s in seen} == {(strategy, precision)}
+    assert {s["autocast"] for s in seen} == ({"cpu"} if precision == "MixedPrecision" else {None})  # not "cuda"
     assert seen[0]["pid"] != seen[1]["pid"] and seen[0]["digest"] == seen[1]["digest"]  # one model, two processes
     assert seen[0]["environment"] in ("HydraEnvironment", "TorchrunEnvironment")
     # preemption and resume act on Trainer fits only: said once, at launch, never silently absent
@@ -158,7 +159,7 @@ def test_fabric_arguments_that_contradict_the_launch_stop_with_both_values():
 
     cfg = _cfg(num_nodes=1, world_size=2, launcher=None)  # no cluster environment: no rank variables needed
     kept = launched_fabric_kwargs(cfg, {"devices": 2, "strategy": "ddp", "precision": "32-true"})
-    assert kept["devices"] == 2 and kept["num_nodes"] == 1 and type(kept["strategy"]).__name__ == "DDPStrategy"
+    assert kept["devices"] == 2 and kept["num_nodes"] == 1 and type(kept["strategy"]).__name__ == "FabricDDPStrategy"
     with pytest.raises(UsageError, match=r"Fabric\(devices=3\) contradicts the launch, which has 2 rank\(s\) per node"):
         launched_fabric_kwargs(cfg, {"devices": 3})
     with pytest.raises(UsageError, match=r"Fabric\(num_nodes=2\) contradicts the launch, which has 1 node"):
@@ -245,3 +246,34 @@ def test_trainer_only_features_are_named_once_for_a_fabric_or_plain_script(monke
     monkeypatch.setattr(world_check, "_kind", "")
     world_check.seen("Trainer")
     assert capsys.readouterr().err == ""
+
+
+class FakeCudaForBinding:
+    """Named fake: this machine has no GPU; records which device the runtime makes current."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.current = count, None
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return self.count
+
+    def set_device(self, index: int) -> None:
+        self.current = index
+
+
+def test_the_current_device_follows_the_local_rank(monkeypatch):
+    import torch
+
+    from sprite.runtime import standard_env
+
+    fake = FakeCudaForBinding(2)
+    monkeypatch.setattr(torch, "cuda", fake)
+    standard_env.bind_device(_cfg(accelerator="cuda"), 1)
+    assert fake.current == 1
+    one = FakeCudaForBinding(1)  # one visible device per rank (a per-rank mask): nothing to choose
+    monkeypatch.setattr(torch, "cuda", one)
+    standard_env.bind_device(_cfg(accelerator="cuda"), 1)
+    assert one.current is None

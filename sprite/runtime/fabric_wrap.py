@@ -42,11 +42,24 @@ def shard_for_fabric(module: nn.Module, mesh) -> nn.Module:
     return module if isinstance(module, FSDPModule) else fully_shard(module, mesh=dp)
 
 
+class FabricDDPStrategy(DDPStrategy):
+    """Fabric's DDP without the CUDA stream off CUDA, as XPUDDPStrategy is for the Trainer."""
+
+    def setup_module(self, module: nn.Module):
+        if self.root_device.type == "cuda":
+            return super().setup_module(module)
+        # Lightning 2.6.6 fabric/strategies/ddp.py:128 wraps DDP in torch.cuda.stream whenever device_ids is set,
+        # which raises without CUDA (an XPU run).
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(module=module, device_ids=self._determine_ddp_device_ids(), **self._ddp_kwargs)
+
+
 def _make(wanted: str, cfg: RuntimeConfig, kind: DeviceType) -> Strategy:
     if wanted == "fsdp":
         return ModelParallelStrategy(shard_for_fabric, data_parallel_size=cfg.world_size, tensor_parallel_size=1,
                                      process_group_backend=kind.backend)
-    return DDPStrategy(process_group_backend=kind.backend)
+    return FabricDDPStrategy(process_group_backend=kind.backend)
 
 
 def _strategy(cfg: RuntimeConfig, kind: DeviceType, given):
