@@ -277,3 +277,25 @@ def test_the_current_device_follows_the_local_rank(monkeypatch):
     monkeypatch.setattr(torch, "cuda", one)
     standard_env.bind_device(_cfg(accelerator="cuda"), 1)
     assert one.current is None
+
+
+FLAVOUR_ENVS = {  # rank 3 of 4, local rank 1 on node 1, in each launcher's own words (PALS, Open MPI: no machine here)
+    "pals": {"PALS_RANKID": "3", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PMIX_RANK": "3", "WORLD_SIZE": "4"},
+    "hydra": {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+    "openmpi": {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_NODE_RANK": "1", "PMIX_RANK": "3"},
+    "srun": {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1"},
+    "torchrun": {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+    "local": {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "NODE_RANK": "1"},
+}
+
+
+@pytest.mark.parametrize("flavour", sorted(FLAVOUR_ENVS))
+def test_every_launcher_flavour_gets_the_standard_variables(flavour):
+    from sprite.runtime import standard_env
+
+    env = {**FLAVOUR_ENVS[flavour], "SPRITE_DEVICES": "2", "SPRITE_NUM_NODES": "2", "MASTER_ADDR": "10.0.0.1",
+           "MASTER_PORT": "29500"}
+    standard_env.export(env, _cfg(launcher=flavour))
+    assert [env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                             "MASTER_ADDR", "MASTER_PORT")] == ["3", "1", "4", "2", "1", "1", "10.0.0.1", "29500"]
