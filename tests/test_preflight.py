@@ -121,8 +121,7 @@ def test_devices_a_cpu_rank_needs_one_and_a_gpu_rank_the_sites_promise():
 def test_a_rank_that_never_finishes_its_collectives_is_blamed_and_its_peers_timeouts_are_notes():
     final = {0: _final(0, ok=False), 2: _final(2, ok=False)}
     nodes = _judge({r: _good(r) for r in range(3)}, final)
-    assert _failed(nodes) == {"n1": {"collective": [
-        "rank 1: never finished its all-reduces before the deadline (it hangs)"]}}
+    assert _failed(nodes) == {"n1": {"collective": [f"rank 1: {criterion.HUNG}"]}}
     assert nodes[0]["notes"][0].startswith("rank 0: the all-reduce over all ranks failed: RuntimeError: Timed out")
 
 
@@ -135,6 +134,24 @@ def test_a_rank_without_any_record_is_named_by_its_host_and_node_groups_ranks_in
     computed = {r: _good(r) for r in (0, 1, 2)}
     nodes = _judge(computed, {r: _final(r, 4) for r in (0, 1, 2)}, hosts=HOSTS[:2], per_node=2)
     assert _failed(nodes) == {"n1": {"reported": ["rank 3: wrote no record (never started, or died first)"]}}
+
+
+def test_the_table_names_each_failed_node_and_prints_brackets_of_error_text_as_text():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from sprite.parity.preflight import report
+
+    final = {0: _final(0), 1: _final(1, ok=False), 2: _final(2)}
+    final[1]["global_allreduce"]["error"] = "RuntimeError: [/__w/gloo/pair.cc:553] Connection closed"
+    nodes = _judge({r: _good(r) for r in range(3)}, final)
+    shown = {"nodes": nodes, "ok": False, "failed_hosts": ["n1"], "launch": {"seconds": 3.0, "stopped": ""}}
+    text = StringIO()
+    report.show(shown, Console(file=text, width=200))
+    assert "collective: rank 1: the all-reduce over all ranks failed: RuntimeError: [/__w/gloo/pair.cc:553]" in \
+        text.getvalue()
+    assert text.getvalue().count(" ok ") == 2 and "3 node(s) in 3.0 s: failed: n1" in text.getvalue()
 
 
 def test_the_known_answer_is_what_the_ranks_reference_computation_gives():
@@ -267,8 +284,7 @@ def test_a_hang_is_caught_within_the_deadline_and_its_host_named(sprite_cmd, cle
                                     "--fault", "127.0.0.2:hang")
     assert code == 1 and took < 90
     assert report["failed_hosts"] == ["127.0.0.2"]
-    assert report["nodes"][1]["failed"] == {"collective": [
-        "rank 1: never finished its all-reduces before the deadline (it hangs)"]}
+    assert report["nodes"][1]["failed"] == {"collective": [f"rank 1: {criterion.HUNG}"]}
     assert report["launch"]["stopped"] in ("records in", "deadline")
 
 

@@ -10,7 +10,7 @@ A node fails a check when one of its ranks does:
   the ranks of its device kind (ranks already known wrong do not vote; with no majority every rank of the tie
   fails, since none can be trusted);
 * ``slow``: its fastest repetition took more than ``slow_factor`` times the median of the other ranks of its kind;
-* ``collective``: it never finished its all-reduces (it hangs: the launch's deadline ended it), or a collective
+* ``collective``: it never finished its all-reduces (sprite stopped the launch while it hung), or a collective
   failed while every rank of the world reported (a link, not a peer, is at fault). A timeout caused by a silent
   peer is noted on the healthy ranks, not failed.
 """
@@ -131,6 +131,7 @@ def device_problems(computed: dict[int, dict], expected: int) -> dict[int, list[
             for rank, record in computed.items() if record.get("devices_seen", 0) < promised(record, expected)}
 
 
+HUNG = "never finished its all-reduces (it hangs, or still waited on a peer that does when the launch was stopped)"
 STEPS = (("rendezvous", "the rendezvous"), ("node_allreduce", "the node's all-reduce"),
          ("global_allreduce", "the all-reduce over all ranks"))
 
@@ -145,7 +146,7 @@ def collective_problems(computed: dict[int, dict], final: dict[int, dict], world
     silent = [rank for rank in range(world) if rank not in final]
     for rank in silent:
         if rank in computed:
-            problems[rank].append("never finished its all-reduces before the deadline (it hangs)")
+            problems[rank].append(HUNG)
     for rank, record in final.items():
         for step, label in STEPS:
             result = record.get(step)

@@ -9,6 +9,7 @@ import pathlib
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sprite.integrity import write_new
 from sprite.parity.preflight.settings import PreflightSettings
@@ -62,7 +63,8 @@ def show(report: dict, console: Console) -> None:
         table.add_column(column)
     for node in report["nodes"]:
         state = describe(node)
-        table.add_row(str(node["node"]), node["host"], f"[green]{state}[/green]" if node["ok"] else f"[red]{state}[/red]",
+        shown = Text(state, style="green" if node["ok"] else "red")  # Text: reasons hold brackets, never markup
+        table.add_row(str(node["node"]), Text(node["host"]), shown,
                       _number(node["compute_seconds"], " s"), _number(node["node_busbw_gbps"], " GB/s"),
                       _number(node["global_busbw_gbps"], " GB/s"))
     console.print(table)

@@ -72,7 +72,8 @@ def preflight(
     accelerator: Optional[Accelerator] = typer.Option(None, "--accelerator", help="device type of every rank"),
     launcher: Optional[Launcher] = typer.Option(None, "--launcher", help="what starts the ranks"),
     mpi: Optional[MpiFlavour] = typer.Option(None, "--mpi", help="mpiexec flavour"),
-    site: Optional[str] = typer.Option(None, "--site", help="site profile: aurora, polaris, perlmutter, local or a path"),
+    site: Optional[str] = typer.Option(None, "--site", help="site profile: aurora, polaris, perlmutter, local or "
+                                       "a path"),
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="hosts to leave out (repeatable)"),
     fault: Optional[List[str]] = typer.Option(None, "--fault", metavar="HOST:KIND", help=FAULT_HELP),
     out: Optional[Path] = typer.Option(None, "--out", help="a fresh folder for the records; default: a new one "
