@@ -32,7 +32,8 @@ SCHEDULER_VARS = ("PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELI
 # so a module-scoped fixture (a whole ckpt-check, a parity run) is built once. These modules use the real Slurm
 # (the ``slurm`` fixture, one cluster per worker that asks for it) and form one scope, so only one worker starts it.
 SLURM_MODULES = ("tests/test_headline_commands.py", "tests/test_preempt_runs.py", "tests/test_secrets.py",
-                 "tests/test_submit_files.py", "tests/test_submit_slurm.py", "tests/test_hardening_inputs.py")
+                 "tests/test_submit_files.py", "tests/test_submit_slurm.py", "tests/test_hardening_inputs.py",
+                 "tests/test_stage.py")
 
 if importlib.util.find_spec("xdist") is not None:
     def pytest_xdist_make_scheduler(config, log):

@@ -36,6 +36,7 @@ Examples:
   sprite run --nodes 2 --strategy fsdp --site aurora train.py # inside a PBS job on Aurora
   sprite run --dry-run --json --devices 2 train.py            # print the plan, run nothing
   sprite run --secret WANDB_API_KEY --devices 2 train.py      # a secret from this shell, never in argv
+  sprite run --stage auto --nodes 64 train.py                 # ranks import from a node-local copy
 """
 
 
@@ -99,6 +100,12 @@ def run(
                                           "(a fresh folder)"),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="ranks shown on the console: 0, all or a list such as "
                                         "0,3-5; default: all up to 16 ranks, else 0"),
+    stage: Optional[str] = typer.Option(None, "--stage", metavar="auto|DIR", help="before the ranks start, copy "
+                                        "the Python environment once to every node (auto: a fresh folder in "
+                                        "$TMPDIR; DIR: an absolute node-local folder that does not exist yet) and "
+                                        "run the ranks from it; the archive is cached in $SPRITE_STAGE_CACHE or "
+                                        "~/.cache/sprite/stage"),
+    keep_stage: bool = typer.Option(False, "--keep-stage", help="leave the staged copy on the nodes at the end"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> int:
@@ -119,7 +126,7 @@ def run(
         "env": _env_pairs(env), "master_port": master_port, "pass_env": _env_names(env),
         "secrets": list(secret) if secret else None, "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None), "cpu_bind": cpu_bind,
-        "log_dir": log_dir, "ranks": ranks,
+        "log_dir": log_dir, "ranks": ranks, "stage": stage, "keep_stage": True if keep_stage else None,
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes,
         "preempt_signal": preempt_signal, "requeue": True if requeue else None,

@@ -60,9 +60,14 @@ class LaunchPlan:
     secret: frozenset = frozenset()
     output_notes: tuple[str, ...] = ()  # where the ranks' output goes (console filter, log files), before launch
     log_dir: str | None = None  # every rank's DIR/rank<N>.log; made fresh before the ranks start
+    stage: object = None  # sprite.launch.stage.plan.StagePlan under --stage: the ranks run a node-local copy
 
     def to_json(self) -> str:
-        return json.dumps({"argv": self.argv, "env": secret_env.mask(self.env, self.secret)}, indent=2)
+        shown = {"argv": self.argv, "env": secret_env.mask(self.env, self.secret)}
+        if self.stage is not None:
+            shown["stage"] = {"dir": self.stage.dir, "python": self.stage.python, "hosts": list(self.stage.hosts),
+                              "broadcast": self.stage.broadcast, "cache": self.stage.cache, "keep": self.stage.keep}
+        return json.dumps(shown, indent=2)
 
     def describe(self) -> str:
         w = self.world
@@ -74,6 +79,7 @@ class LaunchPlan:
             f"scheduler  {w.alloc.scheduler}" + (f", job {w.alloc.job_id}" if w.alloc.job_id else ""),
             "command    " + shlex.join(self.argv),
             *(f"output     {note}" for note in self.output_notes),
+            *([f"stage      {self.stage.describe()}"] if self.stage is not None else []),
             "environment",
         ]
         shown = secret_env.mask(self.env, self.secret)
@@ -134,11 +140,25 @@ def build(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) -> Launc
     spec = replace(spec, log_dir=console.attempt_dir(spec.log_dir, ctx.run_env.get(contract.ATTEMPT)))
     env = environment(spec, site, world, ctx)
     site = replace(site, cpu_bind=spec.cpu_bind) if spec.cpu_bind else site
-    argv = launchers.BUILDERS[world.flavour](site, world, ctx, rank_command(spec, ctx), env)
+    staged = stage_plan(spec, site, world, ctx)
+    command = rank_command(spec, ctx if staged is None else replace(ctx, python=staged.python))
+    argv = launchers.BUILDERS[world.flavour](site, world, ctx, command, env)
     argv = rank_output.launch_argv(world.flavour, argv, world.size, spec.log_dir, spec.ranks, ctx.python)
     return LaunchPlan(argv, env, world, secret=secret_env.names(spec, site),
                       output_notes=tuple(rank_output.notes(world.size, spec.log_dir, spec.ranks)),
-                      log_dir=spec.log_dir)
+                      log_dir=spec.log_dir, stage=staged)
+
+
+def stage_plan(spec: JobSpec, site: SiteProfile, world: World, ctx: Context):
+    """The StagePlan of ``--stage`` (None when off). Raises UsageError for --keep-stage without --stage."""
+    if spec.stage == "off":
+        if spec.keep_stage:
+            raise UsageError(f"{spec.blame('keep_stage')} keeps a staged copy, and nothing is staged.", "",
+                             "Add --stage auto (or --stage DIR), or drop --keep-stage.")
+        return None
+    from sprite.launch.stage import plan as staging
+
+    return staging.build(spec, site, world, ctx.python, ctx.environ, ctx.run_env, ctx.is_root)
 
 
 CPU_BIND_FLAVOURS = ("pals", "srun")  # the builders in sprite.launch.launchers that pass --cpu-bind on

@@ -89,6 +89,30 @@ def _launch_record(run: Run, plan: LaunchPlan) -> None:
         run.record("requeue", job_id=world.alloc.job_id, restart_count=restarts)
 
 
+def _staged_attempts(run: Run, plan: LaunchPlan, base: dict) -> int:
+    """``run_attempts``, after staging the environment on every node under ``--stage`` (recorded as "stage";
+    every attempt reuses the copy) and removing the copies after the last attempt. Raises SpriteError when
+    staging fails (run.json says so)."""
+    if plan.stage is None:
+        return run_attempts(run, plan)
+    from sprite.launch.stage import run as staging
+
+    try:
+        staged = staging.stage(plan.stage)
+    except BaseException as err:
+        rundir.write_summary(run.path, {**base, "status": "stage failed", "error": one_line(str(err), 500)})
+        staging.unstage(plan.stage)  # removes only folders this run made (their marker names its token)
+        raise
+    run.record("stage", **staged)
+    print(f"sprite: staged {staged['bytes'] / 1e6:.0f} MB ({'cached archive' if staged['cached'] else 'packed'} "
+          f"in {staged['pack_seconds']:.1f} s, on {staged['hosts']} node(s) in {staged['broadcast_seconds']:.1f} s)"
+          f" to {staged['dir']}", file=sys.stderr, flush=True)
+    try:
+        return run_attempts(run, plan)
+    finally:
+        staging.unstage(plan.stage)
+
+
 def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
     """Create the run folder and the rank-log folder, run every attempt, write the completion record and run.json;
     returns the exit code.
@@ -110,7 +134,7 @@ def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
     base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(),
             "argv": masked_argv(sys.argv)}
     rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
-    code = run_attempts(run, plan)
+    code = _staged_attempts(run, plan, base)
     last = run.attempts[-1]
     if requeue.wanted(run.requeue, last):
         # Slurm ends this batch script (SIGTERM, SIGKILL after KillWait) as soon as it requeued the job: the

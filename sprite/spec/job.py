@@ -62,6 +62,8 @@ class JobSpec:
     log_dir: str | None = None  # one output file per rank, DIR/rank<N>.log
     ranks: str | None = None  # console filter: "0", "all" or a list; None: all up to 16 ranks, else 0
     cpu_bind: str | None = None  # the launcher's --cpu-bind value, over the site profile's
+    stage: str = "off"  # off | auto | an absolute node-local folder: run the ranks from a copy of the environment
+    keep_stage: bool = False  # leave the staged copy on the nodes at the end
     # Where each value was written ("job.yaml:3: key 'nodes'", "--nodes"), so a later refusal can name it.
     origins: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -94,9 +96,26 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "stall_timeout": v.timeout, "first_step_timeout": v.timeout, "save_timeout": v.timeout,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
     "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": _ranks,
-    "cpu_bind": sv.token, "preflight": v.flag,
+    "cpu_bind": sv.token, "preflight": v.flag, "stage": lambda value, complain: stage_place(value, complain),
+    "keep_stage": v.flag,
 }
 assert set(CHECKS) == set(FIELD_NAMES)
+
+
+STAGE_ALLOWED = "auto (a fresh folder in $TMPDIR), off, true, false, or an absolute node-local folder path"
+
+
+def stage_place(value: Any, complain: Complain) -> str:
+    """``stage``: off, auto, or an absolute folder (normalised; never / itself). true means auto, false off."""
+    if isinstance(value, bool):
+        return "auto" if value else "off"
+    text = v.string(value, complain)
+    if text in ("auto", "off"):
+        return text
+    if not os.path.isabs(text) or os.path.normpath(text) == "/":
+        raise complain(f"{show(value)} is not an absolute folder path (a node-local one, e.g. /tmp/stage).",
+                       STAGE_ALLOWED)
+    return os.path.normpath(text)
 
 
 def check_values(values: dict, complain_for: Callable[[str], Complain]) -> dict:

@@ -24,14 +24,18 @@ from sprite.errors import SpecError, UsageError, one_line, show
 
 PROFILE_KEYS = (
     "name", "description", "scheduler", "mpi", "cpu_bind", "depth", "cpus_per_task", "rendezvous_domain",
-    "require_account", "limits", "job", "submit", "queues", "secret_patterns",
+    "require_account", "limits", "job", "submit", "queues", "secret_patterns", "stage_root", "copper",
 )
 ACCOUNT_RULES = ("refuse", "warn")  # require_account: what sprite qsub/sbatch does with a spec that names none
 SCALARS = {"name": sv.name, "description": v.string,
            "scheduler": lambda value, complain: v.choice(schedulers.names())(value, complain),  # the registry now
            "mpi": v.choice(specmod.MPI_FLAVOURS[1:]), "cpu_bind": sv.token, "depth": v.per_node,
            "cpus_per_task": v.per_node, "secret_patterns": v.text_list, "rendezvous_domain": sv.token,
-           "require_account": v.choice(ACCOUNT_RULES)}
+           "require_account": v.choice(ACCOUNT_RULES),
+           # --stage auto makes its folder here (a node-local SSD or ramdisk) instead of $TMPDIR
+           "stage_root": lambda value, complain: _absolute(value, complain),
+           # the site's Copper launch script (launch_copper.sh): --stage reads the archive through Copper's view
+           "copper": v.string}
 # Site facts that bound a job: nodes of the machine, ranks a node can hold (its hardware threads).
 LIMITS = {"max_nodes": v.nodes, "max_ranks_per_node": v.ranks_per_node}
 
@@ -54,8 +58,17 @@ class SiteProfile:
     submit: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)
     secret_patterns: tuple[str, ...] = secret_env.DEFAULT_PATTERNS
+    stage_root: str | None = None  # where --stage auto makes its folder on every node
+    copper: str | None = None  # ALCF's Copper launch script, when the site has it
     source: str = ""
     origins: dict = field(default_factory=dict, compare=False, repr=False)  # job: key -> "file:line: key 'job.k'"
+
+
+def _absolute(value, complain) -> str:
+    text = v.string(value, complain)
+    if not text.startswith("/"):
+        raise complain(f"{show(value)} is not an absolute path.", "a node-local folder such as /local/scratch")
+    return text
 
 
 def available() -> list[str]:

@@ -1,0 +1,123 @@
+"""The pure part of ``--stage``: where the copy goes on every node, which interpreter the ranks run, and the
+argv that runs the per-node tool once on each node through the job's own launcher. A value: printed by
+``--dry-run``, compared in tests, executed by ``sprite.launch.stage.run``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping
+
+from sprite import contract
+from sprite.errors import UsageError
+from sprite.schedulers import allocation as allocmod
+
+TOOL = ("-m", "sprite.launch.stage.node")
+COPPER_VIEW = "/tmp/{user}/copper"  # launch_copper.sh's default view (ALCF user guide, "Copper", data movement)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Stage into ``dir`` on ``hosts``; the ranks run ``python``; ``per_node`` runs the node tool once a node."""
+
+    dir: str
+    token: str
+    python: str
+    hosts: tuple[str, ...]
+    per_node: tuple[str, ...]
+    broadcast: str  # sbcast (Slurm copies the archive) | read (each node reads it) | copper | local
+    cache: str  # the folder of packed archives, on a file system the nodes share
+    keep: bool = False
+    copper: tuple[str, ...] = ()  # the site's Copper launch script (and stop script), when broadcast is copper
+
+    def node_argv(self, action: str, *extra: str) -> list[str]:
+        return [*self.per_node, action, "--dir", self.dir, "--token", self.token, *extra]
+
+    def describe(self) -> str:
+        how = {"sbcast": "sbcast", "read": "each node reads the archive", "copper": "read through Copper",
+               "local": "this machine"}[self.broadcast]
+        end = "kept" if self.keep else "removed at the end"
+        return (f"{self.dir} on {len(self.hosts)} node(s) ({how}; archive cached in {self.cache}; {end}); "
+                f"ranks run {self.python}")
+
+
+def token_of(run_env: Mapping[str, str], job_id: str) -> str:
+    """This run's mark on its stage folders: the same for every attempt of one ``sprite run``."""
+    seed = f"{run_env.get(contract.RUN_DIR) or os.getpid()}|{job_id}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:16]
+
+
+def folder(where: str, token: str, root: str | None, environ: Mapping[str, str]) -> str:
+    """``where`` itself when it is a folder path; for ``auto`` a fresh ``sprite-stage-<token>`` in the site's
+    ``stage_root`` (a local SSD or ramdisk), else ``$TMPDIR``, else /tmp."""
+    if where != "auto":
+        return where
+    base = root or environ.get("TMPDIR") or "/tmp"
+    base = base if os.path.isabs(base) else "/tmp"
+    return os.path.join(base, f"sprite-stage-{token}")
+
+
+def interpreter(stage_dir: str) -> str:
+    """The staged interpreter: the rebuilt venv's, or a conda environment's own (``source.py`` says which)."""
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    sub = "env" if sys.prefix != sys.base_prefix else "base"
+    return os.path.join(stage_dir, sub, "bin", version)
+
+
+def cache_dir(environ: Mapping[str, str]) -> str:
+    """``$SPRITE_STAGE_CACHE``, else ``$XDG_CACHE_HOME/sprite/stage``, else ``~/.cache/sprite/stage``."""
+    if environ.get("SPRITE_STAGE_CACHE"):
+        return os.path.abspath(environ["SPRITE_STAGE_CACHE"])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sprite", "stage")
+
+
+def per_node(world, hosts: tuple[str, ...], python: str, is_root: bool) -> tuple[str, ...]:
+    """argv that starts the node tool once on each of ``hosts`` with the job's own launcher (none: here)."""
+    tool = (python, *TOOL)
+    n, names = str(len(hosts)), ",".join(hosts)
+    if world.alloc.scheduler == "none":
+        return tool
+    if world.flavour == "srun":
+        return ("srun", "--nodes", n, "--ntasks", n, "--ntasks-per-node", "1", "--nodelist", names,
+                "--kill-on-bad-exit=1", "--export=ALL", *tool)
+    if world.flavour == "pals":
+        return ("mpiexec", "-n", n, "--ppn", "1", "--hosts", names, "--envall", *tool)
+    if world.flavour == "hydra":
+        return ("mpiexec", "-n", n, "-ppn", "1", "-hosts", names, *tool)
+    if world.flavour == "openmpi":
+        root = ("--allow-run-as-root",) if is_root else ()
+        return ("mpirun", "-n", n, "--map-by", "ppr:1:node", "--host", ",".join(f"{h}:1" for h in hosts),
+                *root, "-x", "PATH", "-x", "PYTHONSAFEPATH", *tool)
+    raise UsageError(f"--stage does not work with the {world.flavour} launcher across nodes yet.",
+                     "torchrun's agent starts the ranks with its own interpreter, which sprite cannot stage.",
+                     "Launch with mpiexec or srun (--launcher), or drop --stage.")
+
+
+def build(spec, site, world, python: str, environ: Mapping[str, str], run_env: Mapping[str, str],
+          is_root: bool = False) -> StagePlan:
+    """The StagePlan of ``spec.stage`` for ``world``. Pure. Raises UsageError for torchrun across nodes."""
+    if world.flavour == "torchrun":
+        raise UsageError("--stage does not work with torchrun yet.",
+                         "torchrun's agent starts the ranks with its own interpreter, which sprite cannot stage.",
+                         "Launch with --launcher local, mpiexec or srun, or drop --stage.")
+    token = token_of(run_env, world.alloc.job_id)
+    stage_dir = folder(spec.stage, token, site.stage_root, environ)
+    alloc = world.alloc
+    if spec.exclude and alloc.scheduler != "none":
+        alloc = allocmod.exclude(alloc, spec.exclude, spec.origins.get("exclude", "--exclude"))
+    # Every usable host, spare ones too (a retry may move onto them); sbcast writes to every node of the job.
+    hosts = world.alloc.hosts if world.flavour == "srun" else alloc.hosts
+    if alloc.scheduler == "none":
+        broadcast, hosts = "local", world.hosts
+    elif world.flavour == "srun":
+        broadcast = "sbcast"
+    else:
+        broadcast = "copper" if site.copper else "read"
+    copper = (site.copper, site.copper.replace("launch_copper", "stop_copper")) if broadcast == "copper" else ()
+    return StagePlan(stage_dir, token, interpreter(stage_dir), tuple(hosts),
+                     per_node(world, tuple(hosts), python, is_root), broadcast, cache_dir(environ),
+                     spec.keep_stage, copper)

@@ -1,0 +1,112 @@
+"""The effects of ``--stage``: pack the environment into the shared cache (unless an archive with the same
+fingerprint is there), broadcast and unpack it on every node, and remove the copies at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError
+from sprite.integrity import writeonce
+from sprite.launch.stage import archive as archmod
+from sprite.launch.stage import node, source
+from sprite.launch.stage.plan import COPPER_VIEW, StagePlan
+
+
+class StageFailed(SpriteError):
+    """Packing, broadcasting or unpacking the environment failed (exit 1)."""
+
+
+def stage(plan: StagePlan) -> dict:
+    """Pack (or reuse) the archive and unpack it on every node; returns what happened, for the audit trail.
+
+    Raises UsageError when the stage folder exists here and is not this run's, or the environment cannot be
+    staged; StageFailed when a node step fails.
+    """
+    if os.path.lexists(plan.dir) and node.marker_token(plan.dir) != plan.token:
+        node.claim(plan.dir, plan.token)  # raises the UsageError that names the folder, before any packing
+    start = time.monotonic()
+    env_source = source.current()
+    files = source.walk(env_source)
+    fingerprint = source.fingerprint(env_source, files)
+    archive, sha, size, cached = cached_archive(plan.cache, env_source, files, fingerprint)
+    packed = time.monotonic()
+    if plan.broadcast == "sbcast":
+        _step(plan.node_argv("claim"), "claim the stage folder")
+        copy = os.path.join(plan.dir, node.ARCHIVE)
+        _step(["sbcast", archive, copy], "broadcast the archive with sbcast")
+        _step(plan.node_argv("unpack", "--archive", copy, "--sha256", sha, "--drop-archive"), "unpack")
+    else:
+        where = archive
+        if plan.broadcast == "copper":
+            _step([plan.copper[0]], "start Copper")
+            where = COPPER_VIEW.format(user=os.environ.get("USER", "")) + archive
+        _step(plan.node_argv("unpack", "--archive", where, "--sha256", sha), "unpack")
+    done = time.monotonic()
+    return {"dir": plan.dir, "hosts": len(plan.hosts), "broadcast": plan.broadcast, "archive": archive,
+            "sha256": sha, "bytes": size, "files": len(files), "cached": cached, "shared": list(env_source.shared),
+            "pack_seconds": round(packed - start, 3), "broadcast_seconds": round(done - packed, 3)}
+
+
+def unstage(plan: StagePlan) -> None:
+    """Remove the stage folder on every node (unless ``plan.keep``) and stop Copper if sprite started it.
+    A failure is reported on stderr, never raised: the run's own outcome stands."""
+    steps = [] if plan.keep else [(plan.node_argv("remove"), "remove the stage folders")]
+    if plan.broadcast == "copper" and len(plan.copper) > 1:
+        steps.append(([plan.copper[1]], "stop Copper"))
+    for argv, what in steps:
+        try:
+            _step(argv, what)
+        except SpriteError as err:
+            print(f"sprite: {err}", file=sys.stderr, flush=True)
+
+
+def cached_archive(cache: str, env_source, files: list, fingerprint: str) -> tuple[str, str, int, bool]:
+    """(archive path, SHA-256, size, whether it was cached) of the environment with ``fingerprint``: packed into
+    ``cache`` under a name of its own unless its record ``<archive>.json`` is there. Raises StageFailed."""
+    os.makedirs(cache, mode=0o700, exist_ok=True)
+    archive = os.path.join(cache, f"sprite-env-{fingerprint[:32]}.tar")
+    record = archive + ".json"
+    if os.path.isfile(record) and not os.path.islink(record) and os.path.isfile(archive):
+        with open(record, encoding="utf-8") as meta:
+            known = json.load(meta)
+        return archive, known["sha256"], known["bytes"], True
+    partial = f"{archive}.partial-{os.getpid()}"
+    try:
+        with writeonce.created(partial, 0o600) as fd:
+            sha, size = archmod.pack(files, {**env_source.manifest(), "fingerprint": fingerprint}, fd)
+        os.link(partial, archive)  # refuses an existing name: never over a file sprite did not write now
+    except FileExistsError:
+        raise StageFailed(f"The stage cache holds {archive} without its record {os.path.basename(record)}.",
+                          "An earlier launch stopped while packing, or the file is not sprite's.",
+                          f"Remove {archive} and launch again.") from None
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+    writeonce.write_new(record, json.dumps({"sha256": sha, "bytes": size, "fingerprint": fingerprint,
+                                            "files": len(files)}).encode())
+    return archive, sha, size, False
+
+
+def _step(argv: list[str], what: str) -> None:
+    """Run one stage step with this environment (PYTHONSAFEPATH: the node tool imports the installed sprite);
+    its output goes to stderr. Raises UsageError when a node refused the folder (exit 2), StageFailed otherwise."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
+    program = shutil.which(argv[0], path=search)
+    if not program:
+        raise StageFailed(f"--stage: {argv[0]} is not on PATH, so sprite cannot {what}.",
+                          "The batch system's or the site's tool is not loaded here.",
+                          "Load its module, or drop --stage.")
+    done = subprocess.run([program, *argv[1:]], env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=sys.stderr,
+                          stderr=sys.stderr, stdin=subprocess.DEVNULL)
+    if done.returncode == EXIT_USAGE:
+        raise UsageError(f"--stage: a node refused the stage folder ({what} exited {EXIT_USAGE}).",
+                         "The folder exists there and was not made by this run (its line above names it).",
+                         "Pass --stage with a folder that does not exist yet, or remove that one.")
+    if done.returncode:
+        raise StageFailed(f"--stage: could not {what} (exit {done.returncode}).", "The node's line above says why.",
+                          "Fix that and launch again; the archive stays cached.")

@@ -1,0 +1,242 @@
+"""``sprite run --stage``: the environment packed once, broadcast, unpacked on every node, ranks run from the copy.
+
+The staged environment is a small venv made for these tests (benchmarks/startup_scale.py: hard links to this
+venv's torch, Lightning and sprite; the Hugging Face stack and plotting left out), so what is packed and unpacked
+is real torch and Lightning at about 1 GB, not the 1.4 GB of this venv. Node-local storage is a fresh folder in
+/dev/shm (a ramdisk, as on Aurora); the archive cache is one per session, so the second launch reuses it.
+The launches: a real single-node Slurm (sbcast), and two simulated Hydra nodes (a PBS nodefile listing
+127.0.0.1 and 127.0.0.2, HYDRA_LAUNCHER=fork) whose "nodes" share this machine's /dev/shm: there the first
+node's unpacker unpacks and the other waits for it (node.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import slurm  # noqa: F401  (fixture)
+from sprite.launch.stage import archive as archmod
+from sprite.launch.stage import node
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = str(Path(sys.executable).parent)
+STRIP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
+         "GROUP_RANK", "PBS_JOBID", "PBS_NODEFILE", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+         "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "HYDRA_LAUNCHER", "TMPDIR", "SPRITE_STAGE_CACHE")
+FIT = '''
+import json, os, sys
+import lightning as L, torch
+from torch.utils.data import DataLoader, TensorDataset
+
+class M(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).pow(2).mean()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+          enable_model_summary=False).fit(M(), DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8))
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as out:
+    json.dump({"torch": torch.__file__, "lightning": L.__file__, "prefix": sys.prefix,
+               "base_prefix": sys.base_prefix, "os": os.__file__}, out)
+'''
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("startup_scale", REPO / "benchmarks" / "startup_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def small_venv(tmp_path_factory) -> str:
+    """A venv holding real torch, Lightning and sprite (hard links), its python."""
+    return _bench().make_small_venv(str(tmp_path_factory.mktemp("stagevenv") / "venv"))
+
+
+@pytest.fixture(scope="session")
+def stage_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("stagecache")
+
+
+@pytest.fixture
+def node_local(tmp_path):
+    """A fresh folder on the ramdisk standing for every node's local storage; must be empty at the end."""
+    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path
+    folder = Path(__import__("tempfile").mkdtemp(prefix="sprite-test-stage-", dir=base))
+    yield folder
+    # torch's own compile cache ($TMPDIR/torchinductor_<user>) is the script's, not the stage's
+    left = sorted(name for name in os.listdir(folder) if not name.startswith("torchinductor_"))
+    for entry in os.listdir(folder):  # clean up, then fail below on what the stage left
+        __import__("shutil").rmtree(folder / entry, ignore_errors=True)
+    folder.rmdir()
+    assert not left, f"the stage left {left} behind"
+
+
+def _env(extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # MPICH's mpiexec
+    return {**env, **extra}
+
+
+def _stage_record(run_dir: Path) -> dict:
+    kinds = [json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines()]
+    return next(entry for entry in kinds if entry["kind"] == "stage")
+
+
+def _check_ranks(out: Path, ranks: int, stage_dir: str) -> None:
+    for rank in range(ranks):
+        seen = json.loads((out / f"rank{rank}.json").read_text())
+        for key in ("torch", "lightning", "os"):
+            assert seen[key].startswith(stage_dir + "/"), (rank, key, seen[key])
+        assert seen["prefix"] == f"{stage_dir}/env" and seen["base_prefix"] == f"{stage_dir}/base"
+
+
+# ---- the archive itself --------------------------------------------------------------------------------------
+def _tar(*members) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, body in members:
+            tar.addfile(info, io.BytesIO(body) if body is not None else None)
+    return raw.getvalue()
+
+
+def _member(name, kind=tarfile.REGTYPE, link="", body=b"x"):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    info.size = len(body) if kind == tarfile.REGTYPE else 0
+    return info, body if kind == tarfile.REGTYPE else None
+
+
+@pytest.mark.parametrize("member", [
+    _member("/etc/evil"), _member("a/../../evil"), _member("link", tarfile.SYMTYPE, "/etc/passwd"),
+    _member("link", tarfile.SYMTYPE, "../outside"), _member("hard", tarfile.LNKTYPE, "x"),
+    _member("dev", tarfile.CHRTYPE),
+], ids=["absolute", "dotdot", "link-absolute", "link-up", "hardlink", "device"])
+def test_a_member_leaving_the_folder_is_refused_and_nothing_lands_outside(tmp_path, member):
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(_tar(_member("ok.txt"), member))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(archmod.UnsafeArchive):
+        archmod.unpack(str(archive), str(dest), None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar", "dest"]
+
+
+def test_an_archive_that_does_not_hash_as_packed_is_refused(tmp_path):
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(_tar(_member("ok.txt")))
+    (tmp_path / "d").mkdir()
+    with pytest.raises(archmod.UnsafeArchive, match="SHA-256"):
+        archmod.unpack(str(archive), str(tmp_path / "d"), "0" * 64)
+
+
+def test_remove_leaves_a_folder_that_is_not_this_runs_alone(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "data").write_text("keep")
+    assert "left" in node.remove(str(theirs), "token")
+    assert (theirs / "data").read_text() == "keep"
+    assert node.claim(str(tmp_path / "mine"), "token") is True
+    assert node.claim(str(tmp_path / "mine"), "token") is False
+    with pytest.raises(Exception, match="another sprite run"):
+        node.claim(str(tmp_path / "mine"), "other")
+    assert node.remove(str(tmp_path / "mine"), "token") == "removed"
+
+
+# ---- bad input -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags, says", [
+    (["--stage", "relative/dir"], "not an absolute folder path"),
+    (["--stage", "/"], "not an absolute folder path"),
+    (["--keep-stage"], "nothing is staged"),
+    (["--stage", "auto", "--launcher", "torchrun"], "does not work with torchrun"),
+])
+def test_bad_stage_input_is_one_line_and_exit_2(sprite_cmd, tmp_path, flags, says):
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    done = subprocess.run([*sprite_cmd, "run", "--dry-run", *flags, str(script)], capture_output=True, text=True,
+                          env=_env({}), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_dry_run_shows_the_stage_and_the_ranks_run_its_python(sprite_cmd, tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    done = subprocess.run([*sprite_cmd, "run", "--dry-run", "--json", "--devices", "2", "--stage", "/dev/shm/x",
+                           str(script)], capture_output=True, text=True, env=_env({}), cwd=tmp_path, check=True)
+    plan = json.loads(done.stdout)
+    assert plan["stage"]["dir"] == "/dev/shm/x" and plan["stage"]["broadcast"] == "local"
+    assert plan["stage"]["python"] in plan["argv"]
+    assert not os.path.exists("/dev/shm/x")
+
+
+def test_a_stage_folder_that_is_not_sprites_is_refused_and_left_as_it_was(sprite_cmd, tmp_path, stage_cache):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    done = subprocess.run([*sprite_cmd, "run", "--run-dir", str(tmp_path / "run"), "--stage", str(theirs),
+                           str(script)], capture_output=True, text=True, cwd=tmp_path,
+                          env=_env({"SPRITE_STAGE_CACHE": str(tmp_path / "cache")}))
+    assert done.returncode == 2, done.stderr
+    assert "was not made by sprite" in done.stderr
+    assert sorted(os.listdir(theirs)) == ["notes.txt"] and (theirs / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "cache").exists()  # refused before anything was packed
+
+
+# ---- real launches -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_stage_under_slurm_broadcasts_with_sbcast_and_every_rank_imports_the_copy(
+        slurm, small_venv, stage_cache, node_local, tmp_path):
+    fit = tmp_path / "fit.py"
+    fit.write_text(FIT)
+    stage_dir = str(node_local / "stage")
+    env = _env({"SLURM_CONF": slurm.env["SLURM_CONF"], "SPRITE_STAGE_CACHE": str(stage_cache)})
+    cmd = ["salloc", "-N", "1", "--ntasks-per-node=2", "--quiet", small_venv, "-m", "sprite", "run", "--run-dir",
+           str(tmp_path / "run"), "--launcher", "srun", "--devices", "2", "--stage", stage_dir, str(fit),
+           str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _check_ranks(tmp_path, 2, stage_dir)
+    record = _stage_record(tmp_path / "run")
+    assert record["broadcast"] == "sbcast" and record["dir"] == stage_dir
+    assert any("/sprite" in path or path.endswith("/parity") for path in record["shared"])  # editable sprite
+    assert not os.path.exists(stage_dir)
+    assert len(list(stage_cache.glob("*.tar"))) == 1 and not list(stage_cache.glob("*.partial-*"))
+
+
+@pytest.mark.slow
+def test_stage_on_two_simulated_hydra_nodes_reuses_the_cached_archive(small_venv, stage_cache, node_local, tmp_path):
+    fit = tmp_path / "fit.py"
+    fit.write_text(FIT)
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("127.0.0.1\n127.0.0.2\n")
+    env = _env({"PBS_JOBID": "4343.sim", "PBS_NODEFILE": str(nodefile), "HYDRA_LAUNCHER": "fork",
+                "SPRITE_STAGE_CACHE": str(stage_cache), "TMPDIR": str(node_local)})
+    first_archives = sorted(stage_cache.glob("*.tar"))
+    cmd = [small_venv, "-m", "sprite", "run", "--run-dir", str(tmp_path / "run"), "--launcher", "mpiexec", "--mpi",
+           "hydra", "--nodes", "2", "--devices", "1", "--stage", "auto", str(fit), str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = _stage_record(tmp_path / "run")
+    assert record["broadcast"] == "read" and record["hosts"] == 2
+    assert record["dir"].startswith(str(node_local) + "/sprite-stage-")
+    _check_ranks(tmp_path, 2, record["dir"])
+    # Both "nodes" ran the node tool: one unpacked, the other found this run's copy on the shared ramdisk.
+    assert done.stderr.count("sprite-stage: ") >= 4, done.stderr[-3000:]
+    if first_archives:  # the Slurm test ran first in this session: this launch packed nothing
+        assert record["cached"] is True and sorted(stage_cache.glob("*.tar")) == first_archives
