@@ -237,6 +237,19 @@ def test_help_has_an_example_and_run_knows_preflight(sprite_cmd, clean_env, exam
     assert bad.returncode == 2 and "--preflight-fault needs --preflight." in bad.stderr
 
 
+def test_the_spec_key_preflight_turns_it_on_and_is_checked_where_written(sprite_cmd, clean_env, tmp_path,
+                                                                         example_script):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"script: {example_script}\npreflight: true\n")
+    planned = subprocess.run([*sprite_cmd, "run", "--spec", str(spec), "--preflight-fault", "h:hang", "--dry-run"],
+                             env=clean_env, capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr  # the fault is accepted: the spec asked for a preflight
+    spec.write_text(f"script: {example_script}\npreflight: sometimes\n")
+    bad = subprocess.run([*sprite_cmd, "run", "--spec", str(spec), "--dry-run"], env=clean_env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and f"{spec}:2: key 'preflight'" in bad.stderr, bad.stderr
+
+
 # --- real launches on simulated nodes ---
 
 def _allocation(env: dict, tmp_path, count: int) -> dict:
