@@ -63,7 +63,9 @@ def log_file_options(flavour: str, log_dir: str) -> list[str]:
         # separate IO file per task"; stderr follows --output unless --error is given (seen with Slurm 22.05).
         return [f"--output={pattern}"]
     if flavour == "hydra":
-        # `mpiexec -outfile-pattern -help`: "%r: Process rank"; Hydra appends and needs DIR to exist (MPICH 5.0.2).
+        # `mpiexec -outfile-pattern -help`: "%r: Process rank"; Hydra needs DIR to exist and writes an existing
+        # file from its start without truncating it ("keep\n" then "hi\n" left "hi\np\n"; MPICH 5.0.2 here,
+        # 2026-12-01), so ranklog.check refuses a folder that holds rank logs.
         return ["-outfile-pattern", pattern, "-errfile-pattern", pattern]
     return []
 
