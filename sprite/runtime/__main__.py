@@ -81,7 +81,7 @@ def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
     (finish.py) and report a world smaller than the launched one (``joined``: world_check.py); stopped for
     preemption, wait for that work too and exit 75 (preempt.py); failing, leave the process group at once
     (finish.abandon) so the rank exits with its own code."""
-    from sprite.runtime import finish, preempt
+    from sprite.runtime import finish, preempt, world_check
     from sprite.runtime.ckpt import durable
     from sprite.runtime import beats as progress
 
@@ -94,6 +94,7 @@ def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
         if launched and exit.code in (None, 0):
             durable.drain()  # checkpoints on disk and superseded ones removed, while the process group lives
             progress.finish()
+            world_check.note()  # before finish destroys it: a group made by init_device_mesh bypassed the wrapper
             finish.finish()
             joined()
         elif launched:
@@ -106,6 +107,7 @@ def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
     if launched:
         durable.drain()
         progress.finish()
+        world_check.note()
         finish.finish()
         joined()
 

@@ -3,7 +3,9 @@
 Whatever the script kind (Trainer, Fabric, plain torch.distributed, or no distributed code at all), this process
 notes the largest process group it joined. When the script has returned, a rank of a launched world of N > 1 that
 joined none (or a smaller one) says so: rank 0 prints one warning line, and under ``--strict``
-(``SPRITE_CHECKS=strict``) every such rank stops with it as an error.
+(``SPRITE_CHECKS=strict``) every such rank stops with it as an error. A group made without
+``torch.distributed.init_process_group`` (``init_device_mesh`` binds its own reference) is noted when the script
+returns, so only one the script also destroyed itself goes unseen.
 """
 
 from __future__ import annotations
