@@ -48,6 +48,11 @@ class _Unknown(Exception):
 
 
 _Storage = collections.namedtuple("_Storage", "dtype key numel")
+# What reading an item's zip and data.pkl raises when they are not a plain tensor in torch.save's format: sprite's
+# own refusal, the C unpickler's errors on a damaged or different pickle (a wrong argument count is a TypeError), a
+# missing record (KeyError), a truncated zip (struct.error, IndexError).
+_UNREADABLE = (_Unknown, pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
+               AttributeError, OverflowError, struct.error)
 
 
 class _StorageType:
@@ -281,7 +286,7 @@ class Reader(FileSystemReader):
             return self._as_torch(planner, request, span, start, length)
         try:
             stored = _stored(span, start, length)
-        except Exception:  # noqa: BLE001 - whatever this cannot read, torch reads or refuses as it always did
+        except _UNREADABLE:  # what this cannot read, torch reads or refuses as it always did
             return self._as_torch(planner, request, span, start, length)
         target = planner.resolve_tensor(request).detach()
         whole = not any(request.storage_offsets) and tuple(request.lengths) == stored.size == tuple(target.size())

@@ -23,7 +23,7 @@ from sprite.integrity.writeonce import fsync_file
 
 LOCK = threading.Lock()  # held while a name changes: a save putting a checkpoint in place, a removal
 AT_EXIT_SECONDS = 1800.0  # as long as Lightning's default process-group timeout
-THREAD_NAME = "sprite-ckpt"
+THREAD_NAME = "sprite-durable"
 
 _jobs: queue.Queue = queue.Queue()
 _thread: threading.Thread | None = None
