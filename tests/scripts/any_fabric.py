@@ -31,8 +31,10 @@ for name, p in sorted(model.state_dict().items()):
     full = p.full_tensor() if hasattr(p, "full_tensor") else p
     digest.update(full.detach().cpu().numpy().tobytes())
 record = {"strategy": type(fabric.strategy).__name__, "world": fabric.world_size, "rank": fabric.global_rank,
-          "node_rank": fabric.node_rank, "local_rank": fabric.local_rank, "num_nodes": fabric.strategy.num_nodes,
-          "environment": type(fabric.strategy.cluster_environment).__name__, "digest": digest.hexdigest(),
+          "node_rank": fabric.node_rank, "local_rank": fabric.local_rank,
+          "num_nodes": getattr(fabric.strategy, "num_nodes", 1),  # a single-device strategy has none
+          "environment": type(getattr(fabric.strategy, "cluster_environment", None)).__name__,
+          "digest": digest.hexdigest(),
           "pid": os.getpid(), "precision": type(fabric.strategy.precision).__name__, "device": str(fabric.device),
           "autocast": getattr(fabric.strategy.precision, "device", None)}
 (out / f"fabric{fabric.global_rank}.json").write_text(json.dumps(record))
