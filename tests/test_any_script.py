@@ -2,7 +2,7 @@
 unchanged, and a launch whose script never joins the world is reported (docs/scripts.md).
 
 Real launches on CPU (gloo), 2 ranks each: sprite's local supervisor, MPICH Hydra mpiexec and torchrun (srun: in
-tests/test_multinode.py, which owns the real Slurm). Each launch runs once per module; several tests read it.
+tests/test_multinode.py, which owns the several-slurmd Slurm). Each launch runs once per module; several tests read it.
 """
 
 from __future__ import annotations

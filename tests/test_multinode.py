@@ -123,3 +123,12 @@ def test_a_spare_slurmd_node_replaces_a_failed_one(launches, nodes):
     audit = [json.loads(line) for line in (folder / "run" / "audit.jsonl").read_text().splitlines()]
     starts = [entry.get("hosts") for entry in audit if entry.get("event", entry.get("kind")) == "attempt_start"]
     assert starts == [["n1", "n2"], ["n1", "n3"]], audit
+
+
+def test_plain_torch_distributed_script_under_srun_on_one_node(launches, nodes):
+    proc, folder = launches.srun("plain", nodes, 1, ["--nodes", "1"], PLAIN)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    seen = [json.loads((folder / f"plain{rank}.json").read_text()) for rank in range(2)]
+    assert [(s["RANK"], s["LOCAL_RANK"], s["NODE_RANK"], s["sum"]) for s in seen] == [("0", "0", "0", 3.0),
+                                                                                     ("1", "1", "0", 3.0)]
+    assert {(s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"], s["MASTER_ADDR"]) for s in seen} == {("2", "2", "127.0.0.1")}
