@@ -127,12 +127,12 @@ def _complete(plan: dict, target: Path, meta: dict, pending: list, rank: int, wo
         files = {}
         for write in pending:
             files.update(write.run())
-        if plan["folder"]:
+        if plan["folder"] or not pending:  # a folder; or a file another CheckpointIO wrote at once
             ok, mine, _ = describe_mine(written, rank, world, sync=True)
             if not ok:
                 raise OSError(mine)
             files.update(mine)
-            for folder in [folder for folder, _, _ in os.walk(written)]:
+            for folder in [folder for folder, _, _ in os.walk(written)] if plan["folder"] else []:
                 integrity.fsync_dir(folder)
         report = (True, files)
     except Exception as err:  # told to rank 0, which then seals nothing
