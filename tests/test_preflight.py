@@ -258,7 +258,7 @@ def _allocation(env: dict, tmp_path, count: int) -> dict:
     return {**env, "PBS_JOBID": f"28{count}.pbs", "PBS_NODEFILE": str(nodefile), "HYDRA_LAUNCHER": "fork"}
 
 
-FAST = ["--devices", "1", "--accelerator", "cpu", "--collective-timeout", "15", "--deadline", "85"]
+FAST = ["--devices", "1", "--accelerator", "cpu", "--collective-timeout", "10", "--deadline", "85"]
 
 
 def _preflight(sprite_cmd, env, out, *args) -> tuple[int, dict, float]:

@@ -143,7 +143,7 @@ class Options:
     """The preflight's own options (the world comes as JobSpec flags)."""
 
     deadline: float = 600.0
-    collective_timeout: float = 120.0
+    collective_timeout: float = 60.0
     slow_factor: float = 2.0
     size: int = 512
     repeats: int = 9
@@ -165,7 +165,7 @@ def settings_for(flags: dict, faults: tuple, options: Options, environ: Mapping[
                              precisions=precisions_for(job.precision), size=options.size, repeats=options.repeats,
                              slow_factor=options.slow_factor, expected_devices=promised,
                              allreduce_mib=options.allreduce_mib, collective_timeout=options.collective_timeout,
-                             faults=faults)
+                             rendezvous_timeout=options.deadline, faults=faults)
 
 
 def check_out(out: pathlib.Path) -> None:

@@ -28,7 +28,8 @@ class PreflightSettings:
     slow_factor: float = 2.0  # a rank slower than the other ranks' median by more than this fails
     expected_devices: int = 1  # devices every rank must see (the site profile's promise)
     allreduce_mib: float = 4.0  # payload of the timed all-reduces
-    collective_timeout: float = 20.0  # seconds a collective (or the rendezvous) may take
+    collective_timeout: float = 20.0  # seconds an all-reduce (and the making of its group) may take
+    rendezvous_timeout: float = 600.0  # seconds the ranks may wait for each other to start (start-up spread)
     faults: tuple[tuple[str, str], ...] = ()
 
     def fault_for(self, host: str) -> str | None:

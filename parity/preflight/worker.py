@@ -96,10 +96,11 @@ def allreduce(group, ranks: int, kind, device: torch.device, mib: float) -> dict
 
 def collectives(ident: dict, settings: PreflightSettings, kind, fault: str | None) -> dict:
     """Rendezvous, then the node's all-reduce and the world's. The "hang" fault joins the rendezvous and then
-    never enters an all-reduce."""
+    never enters an all-reduce. The rendezvous waits as long as the ranks' start-up may spread (the launch's
+    deadline); each all-reduce runs in a group of its own made with the collective timeout."""
     timeout = datetime.timedelta(seconds=settings.collective_timeout)
     try:
-        dist.init_process_group(kind.backend, timeout=timeout)
+        dist.init_process_group(kind.backend, timeout=datetime.timedelta(seconds=settings.rendezvous_timeout))
     except Exception as err:
         return {"rendezvous": {"ok": False, "error": one_line(f"{type(err).__name__}: {err}", 300)}}
     if fault == "hang":
@@ -116,7 +117,11 @@ def collectives(ident: dict, settings: PreflightSettings, kind, fault: str | Non
             out["node_allreduce"] = {"ok": False, "error": one_line(f"{type(err).__name__}: {err}", 300)}
     else:
         out["node_allreduce"] = {"ok": True, "ranks": 1, "seconds": 0.0, "busbw_gbps": None}
-    out["global_allreduce"] = allreduce(None, ident["world"], kind, device, settings.allreduce_mib)
+    try:
+        everyone = dist.new_group(list(range(ident["world"])), timeout=timeout)
+        out["global_allreduce"] = allreduce(everyone, ident["world"], kind, device, settings.allreduce_mib)
+    except Exception as err:
+        out["global_allreduce"] = {"ok": False, "error": one_line(f"{type(err).__name__}: {err}", 300)}
     return out
 
 

@@ -81,7 +81,7 @@ def preflight(
     deadline: Optional[str] = typer.Option(None, "--deadline", metavar=SECONDS, help="stop the launch after "
                                            "SECONDS (default 600); ranks that never reported are named"),
     collective_timeout: Optional[str] = typer.Option(None, "--collective-timeout", metavar=SECONDS, help="seconds "
-                                                     "a rendezvous or all-reduce may take (default 120)"),
+                                                     "an all-reduce may take (default 60)"),
     slow_factor: Optional[str] = typer.Option(None, "--slow-factor", metavar="FLOAT", help="a rank slower than "
                                               "the median of the others by more than this fails (default 2)"),
     size: Optional[str] = typer.Option(None, "--size", metavar=WHOLE, help="reference matmul size (default 512)"),
