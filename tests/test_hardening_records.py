@@ -329,3 +329,11 @@ def test_verify_dot_inside_a_valid_checkpoint(sprite_cmd, tmp_path):
     folder = _sealed_folder(tmp_path)
     done = sprite(sprite_cmd, "ckpt", "verify", ".", cwd=folder)
     assert done.returncode == 0 and done.stdout.startswith("valid"), done.stderr
+
+
+def test_a_forged_completion_status_shows_as_unknown():
+    from sprite.recovery import summary
+
+    forged = summary.summarize([{"kind": "completion", "status": "0", "time": 5, "exit_code": True}])
+    assert (forged["status"], forged["ended"], forged["exit_code"]) == ("unknown", "", None)
+    assert summary.summarize([{"kind": "completion", "status": "stalled"}])["status"] == "stalled"

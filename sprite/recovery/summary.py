@@ -34,7 +34,7 @@ def summarize(records: list[dict]) -> dict:
         "script": _text(launch.get("script")),
         "started": _text(launch.get("time")),
         "ended": _text(done.get("time")) if done else "",
-        "status": (_text(done.get("status")) or "unknown") if done else "incomplete",
+        "status": _status(done.get("status")) if done else "incomplete",
         "exit_code": _int(done.get("exit_code")) if done else None,
         "attempts": kinds.count("attempt_start"),
         "resumes": len([r for r in records if r.get("kind") == "resume" and r.get("path")]),
@@ -43,6 +43,11 @@ def summarize(records: list[dict]) -> dict:
         "device_hours": _total(a["device_hours"] for a in attempts),
         "per_attempt": attempts,
     }
+
+
+def _status(value) -> str:
+    """A completion record's status if sprite could have written it, else "unknown"."""
+    return value if value in (*STATUS.values(), "failed") else "unknown"
 
 
 def _text(value) -> str:
