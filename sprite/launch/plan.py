@@ -153,7 +153,8 @@ def stage_plan(spec: JobSpec, site: SiteProfile, world: World, ctx: Context):
     """The StagePlan of ``--stage`` (None when off). Raises UsageError for --keep-stage without --stage."""
     if spec.stage == "off":
         if spec.keep_stage:
-            raise UsageError(f"{spec.blame('keep_stage')} keeps a staged copy, and nothing is staged.", "",
+            where = spec.origins.get("keep_stage", "--keep-stage")
+            raise UsageError(f"{where} keeps a staged copy, and nothing is staged.", "",
                              "Add --stage auto (or --stage DIR), or drop --keep-stage.")
         return None
     from sprite.launch.stage import plan as staging

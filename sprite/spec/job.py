@@ -113,8 +113,8 @@ def stage_place(value: Any, complain: Complain) -> str:
     if text in ("auto", "off"):
         return text
     if not os.path.isabs(text) or os.path.normpath(text) == "/":
-        raise complain(f"{show(value)} is not an absolute folder path (a node-local one, e.g. /tmp/stage).",
-                       STAGE_ALLOWED)
+        raise complain(f"{show(value)} is not an absolute folder path below / (a node-local one, e.g. "
+                       "/tmp/stage).", STAGE_ALLOWED)
     return os.path.normpath(text)
 
 
