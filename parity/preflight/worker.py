@@ -128,6 +128,7 @@ def collectives(ident: dict, settings: PreflightSettings, kind, fault: str | Non
 def _leave(ident: dict, settings: PreflightSettings) -> None:
     """Rank 0 hosts the rendezvous store: it waits (bounded) until every rank has written its record."""
     try:
+        # torch 2.13 has no public getter of the default group's store; the runtime's finish.py waits the same way.
         store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
         if store is not None:
             store.add(DONE_KEY, 1)
