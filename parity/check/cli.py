@@ -79,10 +79,14 @@ def run_command(
                                             help="Device of every arm (auto: xpu, then cuda, then cpu)."),
     time_limit: int = typer.Option(1800, min=1, help="Seconds one arm may run; an arm still running then ends "
                                                       "the check as not executed."),
+    fresh_processes: bool = typer.Option(False, "--fresh-processes",
+                                         help="Launch every arm in processes of its own (slower: each pays the "
+                                              "start-up) instead of warm pools that run arm after arm."),
     details: bool = DETAILS,
     json_out: bool = JSON_OUT,
 ) -> None:
-    """Run every arm, each in its own processes, showing their progress; then compare and print the verdict."""
+    """Run every arm in warm pools of processes (or each in its own), showing their progress; then compare and
+    print the verdict."""
     try:
         if out is None:
             raise UsageError("No --out directory given.", "Every check needs a new place for its results.",
@@ -97,7 +101,7 @@ def run_command(
         claim_dir(out, settings)
         console = Console(stderr=json_out)
         start = time.monotonic()
-        run_arms(out, settings, console)
+        run_arms(out, settings, console, fresh=fresh_processes)
         console.print(f"all arms finished in {time.monotonic() - start:.1f} s; comparing")
         reports = compare(out)
     except SpriteError as err:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,10 +14,14 @@ from sprite.integrity import owner_only
 from sprite.integrity import IntegrityError
 from sprite.errors import UsageError, one_line
 from sprite.parity.check import faults
-from sprite.parity.launch import launch_arm
+from sprite.parity.launch import arm_overrides, launch_arm
+from sprite.parity.pool.host import Pool
 from sprite.parity.progress import ProgressBoard, processes
-from sprite.parity.settings import SINGLE_ARMS, Settings, arm_world
+from sprite.parity.settings import DISTRIBUTED_ARMS, SINGLE_ARMS, Settings, arm_world
 from sprite.parity.store import ResultError, write_new
+
+
+ARM_MODULE = "sprite.parity.check.arm"
 
 
 def claim_dir(out: pathlib.Path, settings: Settings) -> None:
@@ -47,13 +52,19 @@ def _label(arm: str, fault: str | None) -> str:
     return f"fault_{fault}/{arm}" if fault else arm
 
 
-def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threads: int = 0) -> int:
-    """Runs one arm; returns its exit code. Raises ResultError when it ran past settings.time_limit."""
+def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threads: int = 0, pool=None) -> int:
+    """Runs one arm (in ``pool`` while it is not spent, else in fresh processes); returns its exit code. Raises
+    ResultError when it ran past settings.time_limit."""
     label = _label(arm, fault)
     log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
     board.start(label)
     wall = time.time()
-    code = launch_arm(out, arm, fault, settings, log, threads, settings.time_limit)
+    if pool is not None and not pool.spent:
+        fields = arm_overrides(out, arm, fault, settings, threads)
+        code = pool.submit(ARM_MODULE, fields["args"], log, fields["strategy"] if arm in DISTRIBUTED_ARMS else None,
+                           settings.time_limit)
+    else:
+        code = launch_arm(out, arm, fault, settings, log, threads, settings.time_limit)
     stamps[label] = (wall, time.time())
     if code is None:  # a hung arm ends the check instead of hanging it
         board.finish(label, False, f"not executed: timed out after {settings.time_limit:g} s")
@@ -70,33 +81,80 @@ def _items(settings: Settings, cases: list) -> list[tuple[str, str]]:
     return [(arm, kind(arm)) for arm in settings.arms] + [(_label(a, f), kind(a)) for f, a in cases]
 
 
-def run_arms(out: pathlib.Path, settings: Settings, console: Console) -> dict[str, float]:
+def run_arms(out: pathlib.Path, settings: Settings, console: Console, fresh: bool = False) -> dict[str, float]:
     """Launches the clean arms, then every fault case, showing their progress on ``console``; returns wall
-    seconds per phase, and under "launches" each arm's (start, end) wall-clock stamps.
+    seconds per phase, under "launches" each arm's (start, end) wall-clock stamps, and under "pools" what each
+    warm pool ran and why it was given up, if it was.
 
     The one-process arms run two at a time (independent processes, so their results do not change); the
-    distributed arms run one after another. Raises ResultError when a clean arm fails (nothing can be compared
-    without it) or any arm runs past settings.time_limit seconds. A failed fault case is left for the comparison,
-    which reports it as not executed.
+    distributed arms run one after another. Unless ``fresh``, they run in warm pools (parity/pool/): two one-rank
+    processes for the one-process arms and one launch of the world, started at once, so its start-up overlaps the
+    one-process arms; an arm of a spent pool, and every later arm of it, runs in fresh processes.
+    Raises ResultError when a clean arm fails (nothing can be compared without it) or any arm runs past
+    settings.time_limit seconds. A failed fault case is left for the comparison, which reports it as not executed.
     """
     cases = faults.cases(settings.faults)
-    with ProgressBoard(console, _items(settings, cases), "parity arms") as board:
-        return _run(out, settings, board, cases)
-
-
-def _run(out, settings, board, cases) -> dict:
-    times, stamps = {}, {}
-    start = time.monotonic()
     # Two one-process arms share the CPU: each gets half the cores, as Lightning gives each of two local ranks
     # (16-core H200 host, 2026-11-29: 16 OpenMP threads each made a 0.5B-shape arm ~20x slower).
     threads = max(1, (os.cpu_count() or 2) // 2)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        single = {arm: pool.submit(_launch, out, arm, None, settings, board, stamps, threads)
-                  for arm in settings.arms if arm in SINGLE_ARMS}
-        codes = {arm: future.result() for arm, future in single.items()}
+    pools = {} if fresh else _start_pools(out, settings, threads)
+    try:
+        with ProgressBoard(console, _items(settings, cases), "parity arms") as board:
+            times = _run(out, settings, board, cases, threads, pools)
+    except BaseException:
+        for pool in pools.values():
+            pool.stop()  # nothing of a stopped check keeps running
+        raise
+    for pool in pools.values():
+        pool.close()
+    times["pools"] = {name: {"arms": pool.n, "given_up": pool.reason} for name, pool in pools.items()}
+    for name, pool in pools.items():
+        if pool.reason:
+            console.print(f"warm pool {name} given up after {pool.n} arm(s): {pool.reason}; the rest ran in fresh "
+                          "processes")
+    return times
+
+
+def _start_pools(out: pathlib.Path, settings: Settings, threads: int) -> dict:
+    singles = [arm for arm in settings.arms if arm in SINGLE_ARMS]
+    pools = {}
+    for index in range(min(2, len(singles))):
+        fields = arm_overrides(out, singles[0], None, settings, threads)
+        pools[f"single{index}"] = Pool(out / "logs" / "pool" / f"single{index}", fields, 1,
+                                       out / "logs" / f"pool_single{index}.log")
+    fields = arm_overrides(out, "ddp", None, settings)
+    pools["world"] = Pool(out / "logs" / "pool" / "world", fields, settings.world, out / "logs" / "pool_world.log")
+    return pools
+
+
+def _run(out, settings, board, cases, threads, pools) -> dict:
+    times, stamps = {}, {}
+    start = time.monotonic()
+    todo = queue.SimpleQueue()
+    for arm in settings.arms:
+        if arm in SINGLE_ARMS:
+            todo.put(arm)
+
+    def serve(index: int) -> dict:
+        codes, pool = {}, pools.get(f"single{index}")
+        while True:
+            try:
+                arm = todo.get_nowait()
+            except queue.Empty:
+                return codes
+            codes[arm] = _launch(out, arm, None, settings, board, stamps, threads, pool)
+
+    with ThreadPoolExecutor(max_workers=2) as workers:
+        codes = {}
+        for future in [workers.submit(serve, index) for index in range(2)]:
+            codes.update(future.result())
+    for name in ("single0", "single1"):
+        if name in pools:
+            pools[name].release()  # their start-up is paid; the CPU goes to the world's arms
+    world = pools.get("world")
     for arm in settings.arms:
         if arm not in codes:
-            codes[arm] = _launch(out, arm, None, settings, board, stamps)
+            codes[arm] = _launch(out, arm, None, settings, board, stamps, pool=world)
         if codes[arm] != 0:
             raise ResultError(f"Arm {arm} failed, so the run has no verdict.",
                               "The arm's processes exited non-zero (its log names the error).",
@@ -104,7 +162,7 @@ def _run(out, settings, board, cases) -> dict:
     times["clean_arms_s"] = time.monotonic() - start
     start = time.monotonic()
     for fault, arm in cases:
-        _launch(out, arm, fault, settings, board, stamps)
+        _launch(out, arm, fault, settings, board, stamps, pool=world)
     times["fault_arms_s"] = time.monotonic() - start
     times["launches"] = stamps
     return times

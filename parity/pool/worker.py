@@ -1,0 +1,148 @@
+"""A warm pool rank: ``python -m sprite.runtime <this file> --dir D --host-pid P`` on every rank of one launch.
+
+It runs arm after arm inside this process (the host side is host.py). Task n is the file D/task_<n>.json, written
+once by the host: the arm worker module to run, its argv, its log and the Trainer strategy. Every rank runs it,
+then writes D/done_<n>_rank<r>.json with the exit code and what isolation.reset had to put back. Between arms the
+process group is ended on every rank (sprite.runtime.finish), so the next Trainer makes a fresh one; RNG states,
+the environment and the global defaults go back to the pool's first state. A failed arm or a leak that cannot be
+reset ends this rank (the host runs the rest in fresh processes); so does a stop task, a host that is gone, or
+no task for IDLE_SECONDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+IDLE_SECONDS = 1800.0
+POLL_SECONDS = 0.02
+
+
+def _host_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _next_task(folder: pathlib.Path, n: int, host_pid: int) -> dict | None:
+    """Task n once it is written; None for a stop, a host that is gone, or a long idle."""
+    path, start, checked = folder / f"task_{n}.json", time.monotonic(), 0.0
+    while not path.exists():
+        now = time.monotonic()
+        if now - start > IDLE_SECONDS:
+            return None
+        if now - checked > 1.0:
+            checked = now
+            if not _host_alive(host_pid):
+                return None
+        time.sleep(POLL_SECONDS)
+    for _ in range(100):  # written under a temporary name and renamed, so a read sees it whole
+        with contextlib.suppress(ValueError):
+            task = json.loads(path.read_text())
+            return None if task.get("stop") else task
+        time.sleep(POLL_SECONDS)
+    return None
+
+
+@contextlib.contextmanager
+def _output_to(log: str):
+    """This rank's stdout and stderr appended to ``log`` (the arm's own log, as a fresh launch writes)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for handle in (fd, *saved):
+            os.close(handle)
+
+
+def _use_strategy(strategy: str | None) -> None:
+    """Makes the next Trainer launch ``strategy`` (the pool was launched with one arm's; fsdp follows ddp)."""
+    if not strategy:
+        return
+    from lightning.pytorch import Trainer
+
+    from sprite.runtime import trainer_wrap
+
+    launched = getattr(Trainer.__init__, "_sprite_launch", None)
+    if launched is not None and launched.strategy != strategy:
+        trainer_wrap.install(dataclasses.replace(launched, strategy=strategy))
+
+
+def _run(task: dict) -> int:
+    try:
+        _use_strategy(task.get("strategy"))
+        code = importlib.import_module(task["module"]).main(task["argv"])
+        return int(code or 0)
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # as a fresh rank would: the traceback in the arm's log, a non-zero exit
+        traceback.print_exc()
+        return 1
+
+
+def _end_group() -> None:
+    """Ends this arm's process group on every rank together, as the runtime does at a script's end."""
+    from sprite.runtime import finish, world_check
+
+    world_check.note()
+    finish.finish()
+
+
+def serve(folder: pathlib.Path, host_pid: int, rank: int) -> int:
+    """Runs tasks until told to stop; returns 0, or a failed arm's exit code."""
+    from sprite.parity.pool import isolation
+
+    base = isolation.capture()
+    n = 0
+    while (task := _next_task(folder, n, host_pid)) is not None:
+        started = time.time()
+        with _output_to(task["log"]):
+            isolation.restore_rng(base)
+            os.environ.update(task.get("env", {}))  # this arm's rendezvous port; reset() puts the pool's back
+            code = _run(task)
+            if code == 0:
+                _end_group()
+            changed, leaks = isolation.reset(base)
+            for line in changed + leaks:
+                print(f"sprite parity: pool rank {rank}: after this arm: {line}", file=sys.stderr, flush=True)
+        record = {"code": code, "changed": changed, "leaks": leaks, "start": started, "end": time.time()}
+        tmp = folder / f".done_{n}_rank{rank}.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, folder / f"done_{n}_rank{rank}.json")
+        if code != 0 or leaks:
+            return code or 3
+        n += 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sprite.parity.pool.worker")
+    parser.add_argument("--dir", required=True, type=pathlib.Path)
+    parser.add_argument("--host-pid", required=True, type=int)
+    args = parser.parse_args(argv)
+    return serve(args.dir, args.host_pid, int(os.environ.get("RANK", "0")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
