@@ -314,7 +314,7 @@ def real_metadata() -> bytes:
     return (folder / ".metadata").read_bytes()
 
 
-@settings(max_examples=BUDGET // 8)
+@settings(max_examples=BUDGET // 16)
 @given(pickles())
 def test_a_metadata_pickle_is_read_with_torchs_classes_or_refused(data):
     from sprite.runtime.ckpt import dcp_read
@@ -483,7 +483,7 @@ def _command(sprite_cmd, *args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@settings(max_examples=max(2, BUDGET // 80))
+@settings(max_examples=max(2, BUDGET // 160))
 @given(checkpoints(), runs())
 def test_the_commands_answer_in_one_line_under_a_memory_limit(sprite_cmd, checkpoint, run):
     folder, target = checkpoint
