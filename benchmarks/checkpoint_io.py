@@ -371,6 +371,12 @@ def worker(args) -> None:
         if full:  # a gather of the full state through gloo of CUDA tensors segfaults (torch 2.11, H200 shared)
             runs["full state"].append(_full(root, full, rank, repeat))
     loads_equal = _check(root, sharded, args.repeats - 1)  # every rank
+    if rank == 0:
+        medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
+                   for fmt, rows in runs.items()}
+        print("PARTIAL " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians,
+                                       "torch_reads_sprites_folder": loads_equal, "device": _DEVICE[0],
+                                       "torch": torch.__version__}), flush=True)
     fit = {}
     if args.steps:
         from sprite.runtime.ckpt import dcp_write
@@ -423,14 +429,25 @@ def main() -> int:
                           "--repeats", str(args.repeats), "--modes", args.modes, "--formats", args.formats, "--steps", str(args.steps),
                           "--every", str(args.every), "--batch", str(args.batch), "--seq", str(args.seq)]}
         plan = plan_run(flags)
-        run = subprocess.run([resolve_program(plan), *plan.argv[1:]], env={**os.environ, **plan.env},
-                             capture_output=True, text=True)
-    line = next((l for l in run.stdout.splitlines() if "RESULT " in l), None)
+        with tempfile.TemporaryFile("w+") as err:
+            run = subprocess.Popen([resolve_program(plan), *plan.argv[1:]], env={**os.environ, **plan.env},
+                                   stdout=subprocess.PIPE, stderr=err, text=True)
+            out = []
+            for text in run.stdout:  # the formats' figures as soon as they are measured (a run cut short keeps them)
+                out.append(text)
+                if "PARTIAL " in text:
+                    partial = json.loads(text.split("PARTIAL ", 1)[1])
+                    print(report({**partial, "fit": {}}, args), flush=True)
+            run.wait()
+            err.seek(0)
+            stderr = err.read()
+    line = next((l for l in out if "RESULT " in l), None)
     if run.returncode != 0 or line is None:
-        print(run.stdout[-3000:], run.stderr[-200000:], file=sys.stderr)
+        print("".join(out)[-3000:], stderr[-200000:], file=sys.stderr)
         return 1
     result = json.loads(line.split("RESULT ", 1)[1])
-    print(report(result, args))
+    if result["fit"]:
+        print(report(result, args).splitlines()[-1])
     return 0
 
 
