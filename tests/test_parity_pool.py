@@ -44,7 +44,7 @@ def test_a_failed_arm_spends_the_pool_and_a_hung_one_is_stopped(tmp_path):
     fields = job_fields("unused.py", [], devices=1, nodes=1, strategy="single", precision="32-true",
                         accelerator="cpu")
     pool = Pool(tmp_path / "pool", fields, 1, tmp_path / "pool.log")
-    code = pool.submit("sprite.parity.check.arm", ["--no-such-flag"], tmp_path / "bad.log", None, 300)
+    code = pool.submit("sprite.parity.check.arm", ["--no-such-flag"], tmp_path / "bad.log", 300)
     assert code == 2 and pool.spent and "exit code 2" in pool.reason
     assert "arguments are required" in (tmp_path / "bad.log").read_text()  # the arm's own error, in its log
     pool.close()
@@ -53,7 +53,7 @@ def test_a_failed_arm_spends_the_pool_and_a_hung_one_is_stopped(tmp_path):
     hung = Pool(tmp_path / "hung", fields, 1, tmp_path / "hung.log")
     start = time.monotonic()
     never = ["--dir", str(tmp_path / "empty"), "--host-pid", str(os.getpid())]  # waits for a task never written
-    assert hung.submit("sprite.parity.pool.worker", never, tmp_path / "hung_arm.log", None, 3) is None
+    assert hung.submit("sprite.parity.pool.worker", never, tmp_path / "hung_arm.log", 3) is None
     assert "after the time limit of 3 s" in (tmp_path / "hung_arm.log").read_text()
     assert hung.spent and not hung.thread.is_alive() and time.monotonic() - start < 120
 

@@ -52,17 +52,21 @@ def _label(arm: str, fault: str | None) -> str:
     return f"fault_{fault}/{arm}" if fault else arm
 
 
-def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threads: int = 0, pool=None) -> int:
-    """Runs one arm (in ``pool`` while it is not spent, else in fresh processes); returns its exit code. Raises
-    ResultError when it ran past settings.time_limit."""
+def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threads: int = 0, pool=None,
+            rank: int | None = None) -> int:
+    """Runs one arm (in ``pool`` while it is not spent: a one-process arm on rank ``rank``; else in fresh
+    processes); returns its exit code. Raises ResultError when it ran past settings.time_limit."""
     label = _label(arm, fault)
     log = out / "logs" / (f"fault_{fault}_{arm}.log" if fault else f"{arm}.log")
     board.start(label)
     wall = time.time()
     if pool is not None and not pool.spent:
         fields = arm_overrides(out, arm, fault, settings, threads)
-        code = pool.submit(ARM_MODULE, fields["args"], log, fields["strategy"] if arm in DISTRIBUTED_ARMS else None,
-                           settings.time_limit)
+        if arm in DISTRIBUTED_ARMS:
+            code = pool.submit(ARM_MODULE, fields["args"], log, settings.time_limit, strategy=fields["strategy"])
+        else:
+            code = pool.submit(ARM_MODULE, fields["args"], log, settings.time_limit, rank=rank,
+                               threads=int(fields["env"].get("OMP_NUM_THREADS", 0)))
     else:
         code = launch_arm(out, arm, fault, settings, log, threads, settings.time_limit)
     stamps[label] = (wall, time.time())
@@ -87,9 +91,9 @@ def run_arms(out: pathlib.Path, settings: Settings, console: Console, fresh: boo
     warm pool ran and why it was given up, if it was.
 
     The one-process arms run two at a time (independent processes, so their results do not change); the
-    distributed arms run one after another. Unless ``fresh``, they run in warm pools (parity/pool/): two one-rank
-    processes for the one-process arms and one launch of the world, started at once, so its start-up overlaps the
-    one-process arms; an arm of a spent pool, and every later arm of it, runs in fresh processes.
+    distributed arms run one after another. Unless ``fresh``, every arm runs in one warm pool (parity/pool/), a
+    launch of the world: a distributed arm on every rank, a one-process arm on rank 0 or 1 with the threads its
+    own launch would get. Once the pool is spent, the arms left run in fresh processes.
     Raises ResultError when a clean arm fails (nothing can be compared without it) or any arm runs past
     settings.time_limit seconds. A failed fault case is left for the comparison, which reports it as not executed.
     """
@@ -97,37 +101,30 @@ def run_arms(out: pathlib.Path, settings: Settings, console: Console, fresh: boo
     # Two one-process arms share the CPU: each gets half the cores, as Lightning gives each of two local ranks
     # (16-core H200 host, 2026-11-29: 16 OpenMP threads each made a 0.5B-shape arm ~20x slower).
     threads = max(1, (os.cpu_count() or 2) // 2)
-    pools = {} if fresh else _start_pools(out, settings, threads)
+    pools = {} if fresh else {"world": _start_pool(out, settings)}
     try:
         with ProgressBoard(console, _items(settings, cases), "parity arms") as board:
-            times = _run(out, settings, board, cases, threads, pools)
+            times = _run(out, settings, board, cases, threads, pools.get("world"))
     except BaseException:
         for pool in pools.values():
             pool.stop()  # nothing of a stopped check keeps running
         raise
     for pool in pools.values():
         pool.close()
-    times["pools"] = {name: {"arms": pool.n, "given_up": pool.reason} for name, pool in pools.items()}
-    for name, pool in pools.items():
+    times["pools"] = {name: {"arms": pool.arms, "given_up": pool.reason} for name, pool in pools.items()}
+    for pool in pools.values():
         if pool.reason:
-            console.print(f"warm pool {name} given up after {pool.n} arm(s): {pool.reason}; the rest ran in fresh "
+            console.print(f"warm pool given up after {pool.arms} arm(s): {pool.reason}; the rest ran in fresh "
                           "processes")
     return times
 
 
-def _start_pools(out: pathlib.Path, settings: Settings, threads: int) -> dict:
-    singles = [arm for arm in settings.arms if arm in SINGLE_ARMS]
-    pools = {}
-    for index in range(min(2, len(singles))):
-        fields = arm_overrides(out, singles[0], None, settings, threads)
-        pools[f"single{index}"] = Pool(out / "logs" / "pool" / f"single{index}", fields, 1,
-                                       out / "logs" / f"pool_single{index}.log")
-    fields = arm_overrides(out, "ddp", None, settings)
-    pools["world"] = Pool(out / "logs" / "pool" / "world", fields, settings.world, out / "logs" / "pool_world.log")
-    return pools
+def _start_pool(out: pathlib.Path, settings: Settings):
+    return Pool(out / "logs" / "pool", arm_overrides(out, "ddp", None, settings), settings.world,
+                out / "logs" / "pool.log")
 
 
-def _run(out, settings, board, cases, threads, pools) -> dict:
+def _run(out, settings, board, cases, threads, world) -> dict:
     times, stamps = {}, {}
     start = time.monotonic()
     todo = queue.SimpleQueue()
@@ -135,23 +132,19 @@ def _run(out, settings, board, cases, threads, pools) -> dict:
         if arm in SINGLE_ARMS:
             todo.put(arm)
 
-    def serve(index: int) -> dict:
-        codes, pool = {}, pools.get(f"single{index}")
+    def serve(rank: int) -> dict:
+        codes = {}
         while True:
             try:
                 arm = todo.get_nowait()
             except queue.Empty:
                 return codes
-            codes[arm] = _launch(out, arm, None, settings, board, stamps, threads, pool)
+            codes[arm] = _launch(out, arm, None, settings, board, stamps, threads, world, rank)
 
     with ThreadPoolExecutor(max_workers=2) as workers:
         codes = {}
-        for future in [workers.submit(serve, index) for index in range(2)]:
+        for future in [workers.submit(serve, rank) for rank in range(2)]:
             codes.update(future.result())
-    for name in ("single0", "single1"):
-        if name in pools:
-            pools[name].release()  # their start-up is paid; the CPU goes to the world's arms
-    world = pools.get("world")
     for arm in settings.arms:
         if arm not in codes:
             codes[arm] = _launch(out, arm, None, settings, board, stamps, pool=world)

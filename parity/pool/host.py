@@ -1,10 +1,12 @@
 """A warm pool: one launch of a harness's world whose ranks run arm after arm (issue 31; the rank side is
 worker.py).
 
-The host writes task n as DIR/task_<n>.json (write-once, renamed into place) and waits for every rank's
-DIR/done_<n>_rank<r>.json. An arm's exit code is the first non-zero one of its ranks. The pool is spent, and
-the caller runs the rest in fresh processes, when an arm failed, hung (past its time limit: the launch is stopped,
-as a hung fresh launch is), left a leak the rank could not reset, or the launch ended early.
+Every rank r has its own queue, DIR/rank<r>/: the host writes its task n as task_<n>.json (renamed into place, so
+a rank reads it whole) and waits for done_<n>.json. A distributed arm is one task in every rank's queue; a
+one-process arm is a task in one rank's queue, so two of them run side by side on ranks 0 and 1. An arm's exit
+code is the first non-zero one of its ranks. The pool is spent, and the caller runs the rest in fresh processes,
+when an arm failed, hung (past its time limit: the launch is stopped, as a hung fresh launch is), left a leak the
+rank could not reset, or the launch ended early.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ class Pool:
         from sprite.parity.pool import worker as pool_worker
 
         self.folder, self.world, self.log = folder, world, log
-        owner_only.make_dirs(folder)
+        for rank in range(world):
+            owner_only.make_dirs(folder / f"rank{rank}")
         self.fields = {**fields, "script": pool_worker.__file__,
                        "args": ["--dir", os.fspath(folder), "--host-pid", str(os.getpid())]}
-        self.n, self.spent, self.reason, self.notes = 0, False, "", []
+        self.next = [0] * world  # each rank's next task number
+        self.arms, self.spent, self.reason = 0, False, ""
         self.cancel, self.code = threading.Event(), None
         self.thread = threading.Thread(target=self._launch, daemon=True)
         self.thread.start()
@@ -53,32 +57,41 @@ class Pool:
         except Exception as err:  # a launch that cannot start: the pool is spent, the arms go fresh
             self.code, self.reason = -1, f"the pool could not start ({err})"
 
-    def _write_task(self, task: dict) -> None:
-        tmp = self.folder / f".task_{self.n}.tmp"
+    def _write(self, rank: int, task: dict) -> None:
+        queue = self.folder / f"rank{rank}"
+        tmp = queue / f".task_{self.next[rank]}.tmp"
         tmp.write_text(json.dumps(task))
-        os.replace(tmp, self.folder / f"task_{self.n}.json")
+        os.replace(tmp, queue / f"task_{self.next[rank]}.json")
 
-    def _done(self) -> list[dict] | None:
-        """Every rank's record of the current arm; as soon as one rank failed, that one alone (its peers may
-        wait for it in a collective: the pool is stopped)."""
-        paths = [self.folder / f"done_{self.n}_rank{r}.json" for r in range(self.world)]
+    def _done(self, slots: list[tuple[int, int]]) -> list[dict] | None:
+        """Every rank's record of the arm (``slots``: rank, task number); as soon as one rank failed, that one
+        alone (its peers may wait for it in a collective: the pool is stopped)."""
+        paths = [self.folder / f"rank{rank}" / f"done_{n}.json" for rank, n in slots]
         records = [json.loads(p.read_text()) for p in paths if p.exists()]
         failed = [r for r in records if r["code"]]
-        if failed and len(records) < self.world:
+        if failed and len(records) < len(slots):
             self.stop(f"an arm failed (exit code {failed[0]['code']})")
             return failed
-        return records if len(records) == self.world else None
+        return records if len(records) == len(slots) else None
 
-    def submit(self, module: str, argv: list[str], log: pathlib.Path, strategy: str | None,
-               limit: float | None) -> int | None:
-        """Runs one arm on every rank: its exit code, or None when it ran past ``limit`` seconds (the pool is
-        stopped then). A launch that ended before every rank reported gives its own exit code (1 if 0)."""
+    def submit(self, module: str, argv: list[str], log: pathlib.Path, limit: float | None, *,
+               strategy: str | None = None, rank: int | None = None, threads: int = 0) -> int | None:
+        """Runs one arm: on every rank (``rank`` None; a fresh rendezvous port, ``strategy`` for its Trainer) or
+        on rank ``rank`` alone (``threads`` > 0: its torch threads). Returns its exit code, or None when it ran
+        past ``limit`` seconds (the pool is stopped then). A launch that ended before every rank reported gives
+        its own exit code (1 if 0)."""
         owner_only.make_dirs(log.parent)
-        env = {"MASTER_PORT": str(free_port())} if self.world > 1 else {}
-        self._write_task({"module": module, "argv": argv, "log": os.fspath(log), "strategy": strategy, "env": env})
+        ranks = range(self.world) if rank is None else [rank]
+        env = {"MASTER_PORT": str(free_port())} if rank is None and self.world > 1 else {}
+        task = {"module": module, "argv": argv, "log": os.fspath(log), "strategy": strategy, "env": env,
+                "threads": threads}
+        slots = [(r, self.next[r]) for r in ranks]
+        for r in ranks:
+            self._write(r, task)
+            self.next[r] += 1
         deadline = None if limit is None else time.monotonic() + limit
-        while (records := self._done()) is None:
-            if not self.thread.is_alive() and (records := self._done()) is None:
+        while (records := self._done(slots)) is None:
+            if not self.thread.is_alive() and (records := self._done(slots)) is None:
                 self._spend(self.reason or f"its launch ended with exit code {self.code} (see {self.log})")
                 return self.code or 1
             if deadline is not None and time.monotonic() > deadline:
@@ -87,13 +100,11 @@ class Pool:
                     handle.write(f"sprite: stopped: still running after the time limit of {limit:g} s\n".encode())
                 return None
             time.sleep(POLL_SECONDS)
-        self.n += 1
-        codes = [r["code"] for r in records]
+        self.arms += 1
         leaks = sorted({leak for r in records for leak in r["leaks"]})
-        self.notes += sorted({c for r in records for c in r["changed"]})
         if leaks:
             self._spend("an arm left " + "; ".join(leaks))
-        code = next((c for c in codes if c), 0)
+        code = next((r["code"] for r in records if r["code"]), 0)
         if code:
             self._spend(f"an arm failed (exit code {code})")
         return code
@@ -103,11 +114,10 @@ class Pool:
             self.spent, self.reason = True, reason
 
     def release(self) -> None:
-        """Tells the ranks to stop after the arm they run (none: a pool is released between arms); no wait."""
-        if self.thread.is_alive() and not (self.folder / f"task_{self.n}.json").exists():
-            tmp = self.folder / ".stop.tmp"
-            tmp.write_text(json.dumps({"stop": True}))
-            os.replace(tmp, self.folder / f"task_{self.n}.json")
+        """Tells the ranks to stop after the arm they run; no wait."""
+        if self.thread.is_alive():
+            for rank in range(self.world):
+                self._write(rank, {"stop": True})
 
     def close(self, grace: float = 30.0) -> None:
         """Releases the ranks and waits ``grace`` seconds for the launch to end, then stops it."""

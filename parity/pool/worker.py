@@ -1,10 +1,11 @@
 """A warm pool rank: ``python -m sprite.runtime <this file> --dir D --host-pid P`` on every rank of one launch.
 
-It runs arm after arm inside this process (the host side is host.py). Task n is the file D/task_<n>.json, written
-once by the host: the arm worker module to run, its argv, its log and the Trainer strategy. Every rank runs it,
-then writes D/done_<n>_rank<r>.json with the exit code and what isolation.reset had to put back. Between arms the
-process group is ended on every rank (sprite.runtime.finish), so the next Trainer makes a fresh one; RNG states,
-the environment and the global defaults go back to the pool's first state. A failed arm or a leak that cannot be
+It runs arm after arm inside this process (the host side is host.py). Task n of rank r is the file
+D/rank<r>/task_<n>.json: the arm worker module to run, its argv, its log, the Trainer strategy, environment
+(a rendezvous port) and torch threads. The rank runs it, then writes D/rank<r>/done_<n>.json with the exit code
+and what isolation.reset had to put back. After an arm the process group is ended on every rank
+(sprite.runtime.finish), so the next Trainer makes a fresh one; RNG states, the environment and the global
+defaults go back to the pool's first state. A failed arm or a leak that cannot be
 reset ends this rank (the host runs the rest in fresh processes); so does a stop task, a host that is gone, or
 no task for IDLE_SECONDS.
 """
@@ -38,7 +39,7 @@ def _host_alive(pid: int) -> bool:
 
 def _next_task(folder: pathlib.Path, n: int, host_pid: int) -> dict | None:
     """Task n once it is written; None for a stop, a host that is gone, or a long idle."""
-    path, start, checked = folder / f"task_{n}.json", time.monotonic(), 0.0
+    path, start, checked = folder / f"task_{n}.json", time.monotonic(), 0.0  # folder: this rank's queue
     while not path.exists():
         now = time.monotonic()
         if now - start > IDLE_SECONDS:
@@ -111,6 +112,8 @@ def _end_group() -> None:
 
 def serve(folder: pathlib.Path, host_pid: int, rank: int) -> int:
     """Runs tasks until told to stop; returns 0, or a failed arm's exit code."""
+    import torch
+
     from sprite.parity.pool import isolation
 
     base = isolation.capture()
@@ -120,16 +123,21 @@ def serve(folder: pathlib.Path, host_pid: int, rank: int) -> int:
         with _output_to(task["log"]):
             isolation.restore_rng(base)
             os.environ.update(task.get("env", {}))  # this arm's rendezvous port; reset() puts the pool's back
+            if task.get("threads"):  # a one-process arm: the threads its own launch would get
+                torch.set_num_threads(task["threads"])
+                os.environ["OMP_NUM_THREADS"] = str(task["threads"])
             code = _run(task)
+            if task.get("threads"):
+                torch.set_num_threads(base.flags["threads"])
             if code == 0:
                 _end_group()
             changed, leaks = isolation.reset(base)
             for line in changed + leaks:
                 print(f"sprite parity: pool rank {rank}: after this arm: {line}", file=sys.stderr, flush=True)
         record = {"code": code, "changed": changed, "leaks": leaks, "start": started, "end": time.time()}
-        tmp = folder / f".done_{n}_rank{rank}.tmp"
+        tmp = folder / f".done_{n}.tmp"
         tmp.write_text(json.dumps(record))
-        os.replace(tmp, folder / f"done_{n}_rank{rank}.json")
+        os.replace(tmp, folder / f"done_{n}.json")
         if code != 0 or leaks:
             return code or 3
         n += 1
@@ -141,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True, type=pathlib.Path)
     parser.add_argument("--host-pid", required=True, type=int)
     args = parser.parse_args(argv)
-    return serve(args.dir, args.host_pid, int(os.environ.get("RANK", "0")))
+    rank = int(os.environ.get("RANK", "0"))
+    return serve(args.dir / f"rank{rank}", args.host_pid, rank)
 
 
 if __name__ == "__main__":
