@@ -91,3 +91,21 @@ def sprite_cmd() -> list[str]:
 @pytest.fixture(scope="session")
 def example_script() -> str:
     return str(REPO / "examples" / "train.py")
+
+
+def remove_tree(top) -> None:
+    """Remove ``top`` without recursion: shutil.rmtree (and pytest's clean-up of old temporary folders, which
+    uses it) recurses once a level and fails on a chain of 1,100 folders."""
+    found, stack = [], [str(top)]
+    while stack:
+        here = stack.pop()
+        found.append(here)
+        with os.scandir(here) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    os.unlink(entry.path)
+    for here in reversed(found):
+        os.rmdir(here)
+

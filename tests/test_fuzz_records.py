@@ -39,7 +39,7 @@ from sprite.integrity import audit, canonical, dcp_metadata
 from sprite.integrity import scan as ckpt_scan
 from sprite.recovery import rundir, watchdog
 
-from conftest import OUTSIDE_CHECKOUT
+from conftest import OUTSIDE_CHECKOUT, remove_tree
 
 BUDGET = settings().max_examples  # the loaded profile's; each test takes a share of it
 WORK = Path(tempfile.mkdtemp(prefix="sprite-fuzz-records-"))
@@ -492,3 +492,10 @@ def test_the_commands_answer_in_one_line_under_a_memory_limit(sprite_cmd, checkp
     assert _command(sprite_cmd, "runs", run.parent).returncode == 0
     assert _command(sprite_cmd, "runs", "verify", run).returncode in (0, 1, 2)
     assert not MARKER.exists()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_work_folder():
+    """The cases live in one folder outside pytest's: remove it (deep chains included) when the module ends."""
+    yield
+    remove_tree(WORK)

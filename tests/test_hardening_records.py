@@ -23,7 +23,7 @@ from sprite.integrity import audit, canonical
 from sprite.integrity import scan as ckpt_scan
 from sprite.recovery import rundir, watchdog
 
-from conftest import OUTSIDE_CHECKOUT
+from conftest import OUTSIDE_CHECKOUT, remove_tree
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 
@@ -295,6 +295,14 @@ def test_a_run_json_of_the_wrong_shape_is_not_a_traceback_nor_running(sprite_cmd
 
 
 def test_a_deep_sub_folder_chain_is_one_line(sprite_cmd, tmp_path):
+    try:
+        _deep_chain_is_one_line(sprite_cmd, tmp_path)
+    finally:
+        remove_tree(tmp_path)
+        tmp_path.mkdir()
+
+
+def _deep_chain_is_one_line(sprite_cmd, tmp_path):
     folder = _sealed_folder(tmp_path)
     deep = folder
     for _ in range(1100):  # one by one: pathlib's mkdir(parents=True) recurses
