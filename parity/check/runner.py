@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -110,7 +111,10 @@ def run_arms(out: pathlib.Path, settings: Settings, console: Console, fresh: boo
             pool.stop()  # nothing of a stopped check keeps running
         raise
     for pool in pools.values():
-        pool.close()
+        # Its ranks exit while the comparison runs (the launch's teardown took 11 s on 2 loaded cores); the
+        # thread is not a daemon, so sprite still waits for them before it exits.
+        pool.release()
+        threading.Thread(target=pool.close, name="parity-pool-close").start()
     times["pools"] = {name: {"arms": pool.arms, "given_up": pool.reason} for name, pool in pools.items()}
     for pool in pools.values():
         if pool.reason:
