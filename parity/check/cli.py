@@ -79,7 +79,7 @@ def run_command(
                                             help="Device of every arm (auto: xpu, then cuda, then cpu)."),
     time_limit: int = typer.Option(1800, min=1, help="Seconds one arm may run; an arm still running then ends "
                                                       "the check as not executed."),
-    fresh_processes: bool = typer.Option(False, "--fresh-processes", envvar="SPRITE_PARITY_FRESH_PROCESSES",
+    fresh_processes: bool = typer.Option(False, "--fresh-processes",
                                          help="Launch every arm in processes of its own (slower: each pays the "
                                               "start-up) instead of one warm pool that runs arm after arm."),
     details: bool = DETAILS,
