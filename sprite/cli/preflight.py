@@ -6,7 +6,6 @@ and planning never import torch. Exit codes: 0 every node healthy, 1 some node f
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Callable, List, Optional

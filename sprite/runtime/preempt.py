@@ -23,7 +23,7 @@ from lightning.pytorch import Callback
 
 from sprite.errors import EXIT_PREEMPTED
 from sprite.runtime import preempt_signal
-from sprite.runtime import dist
+from sprite.runtime import allranks
 from sprite.runtime import hooks
 from sprite.runtime import trail
 
@@ -62,7 +62,7 @@ class PreemptCallback(Callback):
             return
         from lightning.pytorch.trainer import call
 
-        signalled = dist.gather(bool(preempt_signal.received))
+        signalled = allranks.gather(bool(preempt_signal.received))
         call._call_lightning_module_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
         name = f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"
         path = Path(checkpoint_folder(trainer)) / name

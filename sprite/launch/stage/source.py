@@ -19,7 +19,6 @@ import ast
 import os
 import stat
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 
 from sprite.errors import UsageError

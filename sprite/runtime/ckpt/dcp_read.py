@@ -387,7 +387,7 @@ def load(state: dict, path) -> None:
     from torch.distributed.checkpoint import load as dcp_load
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
-    from sprite.runtime import dist
+    from sprite.runtime import allranks
 
     from sprite.runtime.ckpt import gcpause
 
@@ -397,7 +397,7 @@ def load(state: dict, path) -> None:
             dcp_load(state, storage_reader=Reader(path), planner=_weights_only_planner(), no_dist=True)
     except (Exception, CheckpointException) as failure:  # noqa: BLE001 - told to the other ranks, then raised
         error = failure
-    failed = [(rank, text) for rank, text in enumerate(dist.gather(None if error is None else
+    failed = [(rank, text) for rank, text in enumerate(allranks.gather(None if error is None else
                                                                          f"{type(error).__name__}: {error}"[:500]))
               if text is not None]
     if error is not None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from sprite.runtime import dist
+from sprite.runtime import allranks
 
 from sprite.runtime import hooks
 
@@ -121,7 +121,7 @@ class ResumeState(Callback):
         mine = {"epoch_start": self.epoch_start, "trained": trained, "now": capture(self._device()),
                 "before": [state for number, state in self.iterator.before if number > trained],
                 "epoch_done": trained >= trainer.num_training_batches}
-        return {"world_size": trainer.world_size, "ranks": dist.gather(mine)}
+        return {"world_size": trainer.world_size, "ranks": allranks.gather(mine)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         ranks, rank = state_dict.get("ranks") or [], self.trainer.global_rank

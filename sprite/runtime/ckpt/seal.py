@@ -22,7 +22,7 @@ import secrets
 from pathlib import Path
 
 from sprite import integrity
-from sprite.runtime import dist
+from sprite.runtime import allranks
 from sprite.runtime import hooks
 from sprite.runtime import trail
 from sprite.runtime.ckpt import background
@@ -89,7 +89,7 @@ def describe_mine(written: Path, rank: int, world: int, sync: bool = True) -> tu
 def _meta(trainer, fmt: str, weights_only) -> dict:
     strategy = trainer.strategy
     return {"step": trainer.global_step, "epoch": trainer.current_epoch, "world_size": trainer.world_size,
-            "strategy": dist.family(strategy), "strategy_class": type(strategy).__name__, "format": fmt,
+            "strategy": allranks.family(strategy), "strategy_class": type(strategy).__name__, "format": fmt,
             "weights_only": bool(weights_only),
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")}
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 
 from sprite import integrity
-from sprite.runtime import dist
+from sprite.runtime import allranks
 
 
 def _share(names: list[str], rank: int, world: int) -> list[str]:
@@ -32,7 +32,7 @@ def _share(names: list[str], rank: int, world: int) -> list[str]:
 
 
 def _agreed(reason: str, manifest) -> integrity.Verdict:
-    problem = next((found for found in dist.gather(reason) if found), "")
+    problem = next((found for found in allranks.gather(reason) if found), "")
     return integrity.Verdict(not problem, problem, manifest)
 
 
