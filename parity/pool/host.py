@@ -42,7 +42,8 @@ class Pool:
         for rank in range(world):
             owner_only.make_dirs(folder / f"rank{rank}")
         self.fields = {**fields, "script": pool_worker.__file__,
-                       "args": ["--dir", os.fspath(folder), "--host-pid", str(os.getpid())]}
+                       "args": ["--dir", os.fspath(folder), "--host-pid", str(os.getpid()),
+                                "--host-name", socket.gethostname()]}
         self.next = [0] * world  # each rank's next task number
         self.arms, self.spent, self.reason = 0, False, ""
         self.cancel, self.code = threading.Event(), None

@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import pathlib
+import socket
 import sys
 import time
 import traceback
@@ -28,6 +29,9 @@ POLL_SECONDS = 0.02
 
 
 def _host_alive(pid: int) -> bool:
+    """Whether sprite (process ``pid`` of this machine; 0: on another node, not checked) still runs."""
+    if not pid:
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -148,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sprite.parity.pool.worker")
     parser.add_argument("--dir", required=True, type=pathlib.Path)
     parser.add_argument("--host-pid", required=True, type=int)
+    parser.add_argument("--host-name", default="")
     args = parser.parse_args(argv)
+    if args.host_name and args.host_name != socket.gethostname():  # another node's pid means nothing here
+        args.host_pid = 0
     rank = int(os.environ.get("RANK", "0"))
     return serve(args.dir / f"rank{rank}", args.host_pid, rank)
 
