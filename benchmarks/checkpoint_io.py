@@ -339,7 +339,7 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
             _FIT_SAVES[0] += 1  # the same count on every rank, so the same folder name
             _background_save(state_of(), root / f"fit-save{_FIT_SAVES[0]}", rank, world, True)
     sync()
-    elapsed = torch.tensor([time.perf_counter() - start])
+    elapsed = torch.tensor([time.perf_counter() - start], device=device)  # NCCL reduces device tensors only
     durable.wait()  # the last save's background work is not the fit's time; it is waited for outside it
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed.item())

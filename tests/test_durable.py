@@ -203,3 +203,21 @@ def test_the_checkpoint_benchmark_refuses_a_zero_repeat_count_in_one_line():
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "checkpoint_io.py"
     run = subprocess.run([sys.executable, str(script), "--repeats", "0"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "Traceback" not in run.stderr
+
+
+def test_background_saves_get_a_gloo_group_in_a_one_rank_world_too(tmp_path):
+    """dcp.async_save refuses a default group without a CPU backend, as a 1-rank NCCL world has (seen on one
+    H200 with torch 2.11): background saves use a gloo group of their own at every world size."""
+    import torch.distributed as dist
+
+    from sprite.runtime.ckpt import background
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    saved = list(background._group)
+    background._group.clear()
+    try:
+        made = background.group()
+        assert made is not None and dist.get_backend(made) == "gloo"
+    finally:
+        background._group[:] = saved
+        dist.destroy_process_group()

@@ -15,12 +15,16 @@ _group: list = []  # [the group] once made ([None]: no process group of more tha
 
 
 def group():
-    """The gloo process group background saves use, or None without a process group of more than one rank."""
+    """The gloo process group background saves use, or None without an initialized process group.
+
+    Made at world size 1 too: ``dcp.async_save`` refuses a default group without a CPU backend (a 1-rank NCCL
+    world: "A CPU backend must be enabled for async save", torch 2.11 state_dict_saver.py:298, seen on one H200
+    on 2026-12-01)."""
     if not _group:
         import torch.distributed as dist
 
         made = None
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.is_available() and dist.is_initialized():
             made = dist.new_group(backend="gloo")
         _group.append(made)
     return _group[0]
