@@ -1,8 +1,8 @@
 """Checkpoints of the check: every save goes to a new name and comes out sealed by sprite's runtime.
 
 The ranks run under ``python -m sprite.runtime``, which seals every ``Trainer.save_checkpoint``
-(``sprite.runtime.ckpt.seal``: each rank hashes what it wrote, rank 0 seals once all confirmed, and the fsyncs
-run in the background). The check adds only what it needs on top: the name must be new on every rank before
+(``sprite.runtime.ckpt.seal``: the state is copied off the device, then each rank writes and hashes its files
+in the background and rank 0 seals once all confirmed). The check adds only what it needs on top: the name must be new on every rank before
 anyone saves (nothing is overwritten), and the save must verify afterwards. Only rank workers import it.
 """
 
@@ -30,6 +30,11 @@ def save_sealed(trainer, path: pathlib.Path) -> str:
         owner_only.make_dirs(path.parent)
     strategy.barrier("sprite.ckpt_check.name_checked")  # every rank looked before anyone writes
     trainer.save_checkpoint(path)
+    # The runtime saves in the background (sprite.runtime.ckpt.background): every rank waits until this save
+    # is sealed, since the check's next step reads it, and the seal's collectives need every rank's report.
+    from sprite.runtime.ckpt import durable
+
+    durable.wait()
     if trainer.global_rank != 0:
         return ""
     verdict = integrity.verify(path)
