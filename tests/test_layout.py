@@ -220,12 +220,13 @@ def test_the_launcher_half_never_imports_torch_or_the_runtime_at_import_time():
     assert wrong == []
 
 
-def test_importing_the_whole_launcher_half_loads_no_torch():
+def test_importing_the_whole_launcher_half_loads_no_torch(tmp_path):
     names = sorted(n for n in MODULES if _package(n) in LAUNCHER_HALF and not n.endswith("__main__"))
     probe = ("import importlib, sys\n"
              f"for name in {names!r}:\n    importlib.import_module(name)\n"
              f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    # From outside the checkout, so the installed package is imported (parity/ is sprite.parity only there).
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
