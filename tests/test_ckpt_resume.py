@@ -159,9 +159,6 @@ def fsdp(sprite_cmd, tmp_path_factory):
     return runs
 
 
-@pytest.mark.xfail(reason="quarantined: in 2 of the last 3 loaded fresh-clone CI runs a rank of a 2-rank FSDP fit died "
-                   "during a background sharded save (issue 26, cause not found yet); passes when run alone",
-                   strict=False)
 def test_fsdp_sharded_saves_are_sealed_folders_listing_every_ranks_shards(fsdp):
     assert fsdp["a"].returncode == 0, fsdp["a"].stderr[-3000:]
     assert fsdp["a_dir"] == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt", "epoch=0-step=9.ckpt", "last.ckpt"]
@@ -175,9 +172,6 @@ def test_fsdp_sharded_saves_are_sealed_folders_listing_every_ranks_shards(fsdp):
     assert integrity.verify(fsdp["ck"] / "last.ckpt").manifest["meta"]["step"] == 9  # saved 3 times, swapped in
 
 
-@pytest.mark.xfail(reason="quarantined: in 2 of the last 3 loaded fresh-clone CI runs a rank of a 2-rank FSDP fit died "
-                   "during a background sharded save (issue 26, cause not found yet); passes when run alone",
-                   strict=False)
 def test_fsdp_resumes_a_sharded_checkpoint_and_removes_replaced_manifests(fsdp):
     assert fsdp["b"].returncode == 0, fsdp["b"].stderr[-3000:]
     assert sorted(os.listdir(fsdp["root"] / "b_ck")) == ["epoch=0-step=9.ckpt", "epoch=0-step=9.ckpt.sprite-manifest.json"]
@@ -188,9 +182,6 @@ def test_fsdp_resumes_a_sharded_checkpoint_and_removes_replaced_manifests(fsdp):
         assert resumed == {s: v for s, v in first.items() if s >= 6}
 
 
-@pytest.mark.xfail(reason="quarantined: in 2 of the last 3 loaded fresh-clone CI runs a rank of a 2-rank FSDP fit died "
-                   "during a background sharded save (issue 26, cause not found yet); passes when run alone",
-                   strict=False)
 def test_fsdp_resume_auto_loads_the_one_before_a_sharded_checkpoint_found_changed_while_it_loaded(fsdp):
     log = fsdp["c"].stdout + fsdp["c"].stderr
     assert fsdp["c"].returncode == 0, log[-3000:]

@@ -175,7 +175,12 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
     to it); the files are hashed when the save is sealed."""
     from sprite.runtime.ckpt import dcp_write
 
-    if os.path.islink(path) or (os.path.isdir(path) and os.listdir(path)):
+    import torch.distributed as dist
+
+    # Only the first rank looks inside: it looks before it joins the save's planning collective, so no rank has
+    # written yet; a later rank could already see the first rank's files (seen: a 2-rank FSDP fit under load).
+    first = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    if os.path.islink(path) or (first and os.path.isdir(path) and os.listdir(path)):
         raise FileExistsError(f"{path} is a symlink or a folder that is not empty: a sharded checkpoint is written "
                               "only into a new folder (nothing in it is written over).")
     if _collect is None:
