@@ -133,7 +133,6 @@ def _background_save(state: dict, path: pathlib.Path, rank: int, world: int, fol
     if folder:
         dist.barrier()
     group = background.group()
-    hashed_save._group = group
     with hashed_save.collecting() as pending:
         if writes:
             (hashed_save.dcp_save if folder else hashed_save.atomic_save)(state, path)

@@ -189,10 +189,9 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
         with paused_gc():
             save(converted_state, storage_writer=dcp_write.writer(path))
         return
-    _collect.append(_async_dcp(converted_state, path, process_group or _group))
+    from sprite.runtime.ckpt import background
 
-
-_group = None  # the process group background saves use (set by seal.py)
+    _collect.append(_async_dcp(converted_state, path, process_group or background.group()))
 
 
 def _async_dcp(state: dict, path, group) -> Pending:

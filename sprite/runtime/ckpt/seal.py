@@ -198,7 +198,6 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
         raise OSError(plan["error"])
     plan["folder"] = folder
     group = background.group()
-    hashed_save._group = group
     with hashed_save.collecting() as pending:
         original(trainer, plan["write"], weights_only, storage_options)
     meta = _meta(trainer, "dcp" if folder else "file", weights_only)
