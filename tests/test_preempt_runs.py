@@ -53,11 +53,13 @@ def fit_args(root: Path, tag: str, ckpt: Path, hold: int = -1) -> list[str]:
             "--hold-dir", str(root / f"hold-{tag}"), "--count-batches"]
 
 
-def wait_held(folder: Path, watched, timeout: float = 300) -> None:
-    """Until both ranks wrote held-rank<N>; ``watched()`` says whether the run is still going."""
+def wait_held(folder: Path, watched, timeout: float = 300, evidence=lambda: "") -> None:
+    """Until both ranks wrote held-rank<N>; ``watched()`` says whether the run is still going, ``evidence()`` what
+    to show when it is not."""
     deadline = time.monotonic() + timeout
     while not all((folder / f"held-rank{r}").exists() for r in (0, 1)):
-        assert watched() and time.monotonic() < deadline, f"the ranks never reached the hold step ({folder})"
+        assert watched() and time.monotonic() < deadline, \
+            f"the ranks never reached the hold step ({folder}): {evidence()}"
         time.sleep(0.1)
 
 
@@ -189,13 +191,24 @@ def _submit(cluster, root: Path, tag: str, hold: int) -> str:
     return done.stdout.split("submitted slurm job ")[1].split()[0]
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+         "PREEMPTED")
+
+
+def _tail_of(path: Path) -> str:
+    return path.read_text()[-3000:] if path.exists() else f"(no {path})"
+
+
 def _log(root: Path, tag: str, job_id: str) -> Path:
     """The job's log: its script is the first submission named ``tag``, so ``<tag>-1`` (sprite.jobs.files)."""
     return root / "sprite-jobs" / f"{tag}-1-{job_id}.log"
 
 
 def _preempt_and_finish(cluster, root: Path, tag: str, job_id: str, scancel_flags: list) -> dict:
-    wait_held(root / f"hold-{tag}", lambda: cluster.job(job_id).get("JobState") in ("PENDING", "RUNNING"))
+    # Over until Slurm says the job ended: a busy slurmctld can leave one `scontrol show job` empty (a CI run saw
+    # the wait give up while the job ran), and a job passes through CONFIGURING and COMPLETING too.
+    wait_held(root / f"hold-{tag}", lambda: cluster.job(job_id).get("JobState") not in ENDED,
+              evidence=lambda: f"{cluster.job(job_id)}; log: {_tail_of(_log(root, tag, job_id))}")
     subprocess.run(["scancel", *scancel_flags, "--signal=USR1", job_id], env=cluster.env, check=True, timeout=60)
     if "--batch" in scancel_flags:  # to `sprite run`, which says so before it passes the signal to srun
         wait_for(_log(root, tag, job_id), "sprite: received SIGUSR1; passing it to the launcher.")
@@ -211,7 +224,7 @@ def _preempt_and_finish(cluster, root: Path, tag: str, job_id: str, scancel_flag
             time.sleep(2)
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env, check=True)
             lifted = True
-        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        if info.get("JobState") in ENDED:
             break
         time.sleep(0.5)
     log = _log(root, tag, job_id)

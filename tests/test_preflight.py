@@ -259,6 +259,9 @@ def _allocation(env: dict, tmp_path, count: int) -> dict:
 
 
 FAST = ["--devices", "1", "--accelerator", "cpu", "--collective-timeout", "10", "--deadline", "85"]
+# Three slurmd ranks on two shared cores (and another xdist worker) are no speed test: a CI run saw n3 over
+# 2.5x the median. Tests of other faults leave the speed criterion out of reach.
+NO_SPEED = ["--slow-factor", "50"]
 
 
 def _preflight(sprite_cmd, env, out, *args) -> tuple[int, dict, float]:
@@ -351,11 +354,11 @@ def test_a_wrong_result_on_one_of_three_slurmd_nodes_is_named_under_srun(sprite_
     env = {**clean_env, "SLURM_CONF": slurm_nodes.env["SLURM_CONF"]}
     start = time.monotonic()
     done = subprocess.run(["salloc", "-N", "3", "--ntasks-per-node=1", "--quiet", *sprite_cmd, "preflight",
-                           "--launcher", "srun", *FAST, "--slow-factor", "2.5", "--json", "--out",
+                           "--launcher", "srun", *FAST, *NO_SPEED, "--json", "--out",
                            str(tmp_path / "out"), "--fault", "n2:wrong-result"], env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert [n["host"] for n in report["nodes"]] == ["n1", "n2", "n3"]
-    assert report["failed_hosts"] == ["n2"] and list(report["nodes"][1]["failed"]) == ["result"]
+    assert report["failed_hosts"] == ["n2"] and list(report["nodes"][1]["failed"]) == ["result"], report["nodes"]
     assert report["world"]["launcher"] == "srun" and time.monotonic() - start < 90
