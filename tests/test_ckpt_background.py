@@ -147,3 +147,18 @@ def test_a_background_write_that_fails_fails_the_run_in_one_line_and_keeps_the_p
     assert integrity.verify(first).valid  # kept: the save that was to supersede it failed
     assert not any(name.startswith(".") and "sprite-tmp" in name for name in os.listdir(ckpt))
     assert not (ckpt / "epoch=0-step=6.ckpt").exists()
+
+
+def test_a_background_write_after_the_fit_that_fails_still_fails_the_run(sprite_cmd, tmp_path):
+    """A save the script makes once ``fit`` returned (rank 0's third write here) fails in the background: no later
+    save and no end of a fit waits for it, so the end of the script must (exit 1, after the ranks ended together)."""
+    ckpt = tmp_path / "ck"
+    after = tmp_path / "after.ckpt"
+    result = _run(sprite_cmd, tmp_path, "l", ckpt, (), "--every", "3", "--max-steps", "6", "--save-after-fit",
+                  str(after), CKPT_FAIL_AT=3)
+    log = result.stdout + result.stderr
+    assert result.returncode == 1, log[-3000:]
+    assert any("sprite: error:" in line and "A checkpoint saved in the background failed" in line
+               for line in log.splitlines()), log[-3000:]
+    assert integrity.verify(ckpt / "epoch=0-step=6.ckpt").valid
+    assert not after.exists()

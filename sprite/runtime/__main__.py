@@ -78,9 +78,10 @@ def run(argv: list[str]) -> None:
 def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
     """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, wait
     for the background checkpoint work (durable.py), say so to the watchdog, end every rank together
-    (finish.py) and report a world smaller than the launched one (``joined``: world_check.py); stopped for
-    preemption, wait for that work too and exit 75 (preempt.py); failing, leave the process group at once
-    (finish.abandon) so the rank exits with its own code."""
+    (finish.py), report a world smaller than the launched one (``joined``: world_check.py), and then fail this
+    rank (exit 1) if a checkpoint it saved in the background failed after the last save that could say so;
+    stopped for preemption, wait for that work too and exit 75 (preempt.py); failing, leave the process group at
+    once (finish.abandon) so the rank exits with its own code."""
     from sprite.runtime import finish, preempt, world_check
     from sprite.runtime.ckpt import durable
     from sprite.runtime import beats as progress
@@ -92,11 +93,12 @@ def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
         raise SystemExit(preempt.exit_preempted(stopped)) from None
     except SystemExit as exit:
         if launched and exit.code in (None, 0):
-            durable.drain()  # checkpoints on disk and superseded ones removed, while the process group lives
+            durable.settle()  # checkpoints on disk and superseded ones removed, while the process group lives
             progress.finish()
             world_check.note()  # before finish destroys it: a group made by init_device_mesh bypassed the wrapper
             finish.finish()
             joined()
+            durable.check()  # after the ranks ended together, so a peer is never left waiting for this one
         elif launched:
             finish.abandon()
         raise
@@ -105,11 +107,12 @@ def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
             finish.abandon()
         raise
     if launched:
-        durable.drain()
+        durable.settle()
         progress.finish()
         world_check.note()
         finish.finish()
         joined()
+        durable.check()
 
 
 def main() -> int:

@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--crash-at-save", type=int, default=0)
     parser.add_argument("--top-k", type=int, default=-1, help="keep only the K newest (monitor: progress)")
     parser.add_argument("--save-last", action="store_true")
+    parser.add_argument("--save-after-fit", default="", help="trainer.save_checkpoint(PATH) once fit returned")
     parser.add_argument("--full-state", action="store_true", help="FSDP2: one full-state file, not a DCP folder")
     parser.add_argument("--count-batches", action="store_true", help="a buffer the module's own hook counts in")
     parser.add_argument("--hold-at-step", type=int, default=-1)
@@ -116,6 +117,8 @@ def main() -> None:
     if args.crash_at_save and trainer.global_rank == 0:
         crash_at_save(trainer, args.crash_at_save)
     trainer.fit(model, DataLoader(data, batch_size=4, shuffle=True))
+    if args.save_after_fit:  # outside any fit: no end of a fit follows to wait for it
+        trainer.save_checkpoint(args.save_after_fit)
     if trainer.global_rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
                    os.path.join(args.out, f"final-{args.tag}.pt"))

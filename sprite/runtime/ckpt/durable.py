@@ -78,6 +78,13 @@ def drain(seconds: float | None = None) -> bool:
     return done.wait(seconds)
 
 
+def settle() -> None:
+    """At the end of a fit that returned: wait for the save in flight (at most ``AT_EXIT_SECONDS``) and record a
+    wait that ran out as a failure, so :func:`check` fails the rank instead of letting it exit 0 unsealed."""
+    if not drain(AT_EXIT_SECONDS):
+        fail(f"the save in flight was still running after {AT_EXIT_SECONDS:.0f} s")
+
+
 def check() -> None:
     """Raises SaveFailed when background checkpoint work failed (the next save and the end of the fit call it)."""
     if _failed:
