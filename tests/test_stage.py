@@ -213,7 +213,7 @@ def test_stage_under_slurm_broadcasts_with_sbcast_and_every_rank_imports_the_cop
     assert done.returncode == 0, done.stderr[-3000:]
     _check_ranks(tmp_path, 2, stage_dir)
     record = _stage_record(tmp_path / "run")
-    assert record["broadcast"] == "sbcast" and record["dir"] == stage_dir
+    assert record["broadcast"] == "sbcast" and record["shared_folder"] is False and record["dir"] == stage_dir
     import sprite
 
     if "site-packages" not in sprite.__file__:  # an editable install's source folders stay shared, and are named
@@ -243,3 +243,34 @@ def test_stage_on_two_simulated_hydra_nodes_reuses_the_cached_archive(small_venv
     assert done.stderr.count("sprite-stage: ") >= 4, done.stderr[-3000:]
     if first_archives:  # the Slurm test ran first in this session: this launch packed nothing
         assert record["cached"] is True and sorted(stage_cache.glob("*.tar")) == first_archives
+
+
+@pytest.fixture(scope="module")
+def two_slurmd(tmp_path_factory):
+    """Two slurmd (n1, n2) on this machine: two Slurm nodes that share its file system and /dev/shm."""
+    import slurm_cluster
+
+    yield from slurm_cluster.start_nodes(tmp_path_factory.mktemp("stage-nodes"), ["n1", "n2"])
+
+
+@pytest.mark.slow
+def test_stage_on_two_slurmd_nodes_sharing_one_folder_unpacks_once_and_every_rank_imports_the_copy(
+        two_slurmd, small_venv, stage_cache, node_local, tmp_path):
+    fit = tmp_path / "fit.py"
+    fit.write_text(FIT)
+    stage_dir = str(node_local / "stage")
+    env = _env({"SLURM_CONF": two_slurmd.env["SLURM_CONF"], "SPRITE_STAGE_CACHE": str(stage_cache),
+                "MASTER_ADDR": "127.0.0.1"})
+    cmd = ["salloc", "-N", "2", "--ntasks-per-node=1", "--quiet", small_venv, "-m", "sprite", "run", "--run-dir",
+           str(tmp_path / "run"), "--launcher", "srun", "--nodes", "2", "--devices", "1", "--stage", stage_dir,
+           str(fit), str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _check_ranks(tmp_path, 2, stage_dir)
+    record = _stage_record(tmp_path / "run")
+    # Both slurmd see one /dev/shm: the second claim finds this run's folder, so the nodes read the cached archive
+    # (sbcast would write one path twice); one unpacks, the other waits for it.
+    assert record["shared_folder"] is True and record["broadcast"] == "read", record
+    assert record["hosts"] == 2 and record["dir"] == stage_dir
+    assert "sbcast: error" not in done.stderr and "unpacked" in done.stderr and "already unpacked" in done.stderr
+    assert not os.path.exists(stage_dir), done.stderr[-3000:]

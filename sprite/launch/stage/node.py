@@ -6,7 +6,8 @@ claim   make the folder ``D`` (mode 0700) with sprite's marker; a folder that ex
 unpack  claim, then extract the archive into ``D``, check its SHA-256, write the venv's ``pyvenv.cfg`` and
         ``bin/pythonX.Y`` link, mark it ready. When another process of this run holds the folder (two simulated
         nodes on one machine share its /tmp), wait until that one marked it ready.
-remove  remove ``D`` if its marker names token ``T``; anything else is left alone.
+remove  remove ``D`` if its marker names token ``T``; anything else is left alone. Of the processes of this run
+        that share the folder, the one that renames it aside removes it.
 
 Exit status: 0 done, 1 the archive failed its checks or the wait timed out, 2 the folder is not this run's.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -28,6 +30,7 @@ MARKER = ".sprite-stage"  # JSON {"token", "host", "pid"}: written once, when sp
 READY = ".sprite-stage-ready"  # JSON {"sha256", "seconds", "bytes"}: written once, when the copy is complete
 UNPACKING = ".sprite-stage-unpacking"  # created once: the process that made it unpacks, others wait
 ARCHIVE = ".sprite-archive.tar"  # where sbcast puts this node's copy of the archive (removed after unpacking)
+HELD = "already claimed by this run"  # claim's word for a folder another process of this run made (shared)
 WAIT_SECONDS = 900.0
 
 
@@ -112,9 +115,19 @@ def remove(folder: str, token: str) -> str:
     """Remove ``folder`` when its marker names ``token`` (rmtree never follows a symlink inside it)."""
     if not os.path.lexists(folder):
         return "nothing to remove"
+    shared = "removed by another process of this run (a node sharing this machine's folder)"
     if marker_token(folder) != token:
-        return f"left {folder} alone: it is not this run's stage"
-    shutil.rmtree(folder)
+        return shared if not os.path.lexists(folder) else f"left {folder} alone: it is not this run's stage"
+    # One remover per folder: the rename is atomic, so of the processes of this run sharing the folder (two nodes
+    # on one machine) one moves it aside and removes it, and the others find it gone; two rmtrees would race.
+    aside = f"{folder}.removing-{secrets.token_hex(8)}"
+    if os.path.lexists(aside):
+        return f"left {folder} alone: {aside} exists"
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return shared
+    shutil.rmtree(aside)
     return "removed"
 
 
@@ -130,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     try:
         if opts.action == "claim":
-            said = "claimed" if claim(opts.dir, opts.token) else "already claimed by this run"
+            said = "claimed" if claim(opts.dir, opts.token) else HELD
         elif opts.action == "unpack":
             said = unpack(opts.dir, opts.token, opts.archive, opts.sha256, opts.drop_archive)
         else:

@@ -35,8 +35,14 @@ def stage(plan: StagePlan) -> dict:
     fingerprint = source.fingerprint(env_source, files)
     archive, sha, size, cached = cached_archive(plan.cache, env_source, files, fingerprint)
     packed = time.monotonic()
-    if plan.broadcast == "sbcast":
-        _step(plan.node_argv("claim"), "claim the stage folder")
+    broadcast, shared = plan.broadcast, False
+    if broadcast == "sbcast":
+        # A node that finds the folder already claimed by this run shares it with another node (one file system
+        # behind both, as two slurmd on one machine have): sbcast to one path twice fails ("File exists"), so
+        # the nodes read the cached archive instead, one unpacking and the others waiting for it (node.py).
+        shared = node.HELD in _step(plan.node_argv("claim"), "claim the stage folder")
+        broadcast = "read" if shared else broadcast
+    if broadcast == "sbcast":
         copy = os.path.join(plan.dir, node.ARCHIVE)
         _step(["sbcast", archive, copy], "broadcast the archive with sbcast")
         _step(plan.node_argv("unpack", "--archive", copy, "--sha256", sha, "--drop-archive"), "unpack")
@@ -47,7 +53,8 @@ def stage(plan: StagePlan) -> dict:
             where = COPPER_VIEW.format(user=os.environ.get("USER", "")) + archive
         _step(plan.node_argv("unpack", "--archive", where, "--sha256", sha), "unpack")
     done = time.monotonic()
-    return {"dir": plan.dir, "hosts": len(plan.hosts), "broadcast": plan.broadcast, "archive": archive,
+    return {"dir": plan.dir, "hosts": len(plan.hosts), "broadcast": broadcast, "shared_folder": shared,
+            "archive": archive,
             "sha256": sha, "bytes": size, "files": len(files), "cached": cached, "shared": list(env_source.shared),
             "pack_seconds": round(packed - start, 3), "broadcast_seconds": round(done - packed, 3)}
 
@@ -92,17 +99,20 @@ def cached_archive(cache: str, env_source, files: list, fingerprint: str) -> tup
     return archive, sha, size, False
 
 
-def _step(argv: list[str], what: str) -> None:
+def _step(argv: list[str], what: str) -> str:
     """Run one stage step with this environment (PYTHONSAFEPATH: the node tool imports the installed sprite);
-    its output goes to stderr. Raises UsageError when a node refused the folder (exit 2), StageFailed otherwise."""
+    its output goes to stderr, and its standard output is returned too. Raises UsageError when a node refused
+    the folder (exit 2), StageFailed otherwise."""
     search = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
     program = shutil.which(argv[0], path=search)
     if not program:
         raise StageFailed(f"--stage: {argv[0]} is not on PATH, so sprite cannot {what}.",
                           "The batch system's or the site's tool is not loaded here.",
                           "Load its module, or drop --stage.")
-    done = subprocess.run([program, *argv[1:]], env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=sys.stderr,
-                          stderr=sys.stderr, stdin=subprocess.DEVNULL)
+    done = subprocess.run([program, *argv[1:]], env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.PIPE,
+                          stderr=sys.stderr, stdin=subprocess.DEVNULL, text=True, errors="replace")
+    sys.stderr.write(done.stdout)
+    sys.stderr.flush()
     if done.returncode == EXIT_USAGE:
         raise UsageError(f"--stage: a node refused the stage folder ({what} exited {EXIT_USAGE}).",
                          "The folder exists there and was not made by this run (its line above names it).",
@@ -110,3 +120,4 @@ def _step(argv: list[str], what: str) -> None:
     if done.returncode:
         raise StageFailed(f"--stage: could not {what} (exit {done.returncode}).", "The node's line above says why.",
                           "Fix that and launch again; the archive stays cached.")
+    return done.stdout
