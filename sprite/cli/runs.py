@@ -18,7 +18,7 @@ from sprite.integrity import canonical, records
 from sprite.recovery import rundir
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError
-from sprite.recovery import summary
+from sprite.recovery import hang, summary
 
 HELP = """List the runs in DIR (default ./sprite-runs), or verify one run's audit trail.
 
@@ -26,6 +26,7 @@ HELP = """List the runs in DIR (default ./sprite-runs), or verify one run's audi
   sprite runs                      # status, attempts, resumes, device-hours of each run
   sprite runs DIR --json
   sprite runs verify RUN           # exit 0: trail intact; 1: edited or truncated, with the reason
+  sprite runs show RUN             # one run: its summary and where every rank was at a stall
 """
 
 
@@ -107,6 +108,26 @@ def verify(run: Path) -> str:
     return reason
 
 
+def show(run: Path, json_out: bool = False) -> str:
+    """One run: its summary, then each stall with where every rank was (the hang diagnosis). Raises
+    UsageError when ``run`` holds no audit trail, IntegrityError when the trail cannot be read."""
+    if not (run / rundir.AUDIT).is_file():
+        raise UsageError(f"{run} holds no audit trail ({rundir.AUDIT}).", "It is not a sprite run folder.",
+                         "Pass a folder that sprite run created (sprite runs lists them).")
+    row = describe(run)
+    try:
+        records = audit.read(run / rundir.AUDIT)
+    except OSError as err:
+        raise UsageError(f"Cannot read {run / rundir.AUDIT} ({err.strerror}).", "It is not readable by you.",
+                         "Run sprite runs show as the run's owner.") from None
+    stalls = hang.from_records(records)
+    if json_out:
+        return json.dumps({**row, "stalls": [r for r in records if r.get("kind") == "stall"]}, indent=2)
+    head = [f"{key}: {row[key]}" for key in ("run_dir", "status", "attempts", "resumes", "device_hours", "started")
+            if key in row]
+    return "\n".join([*head, *stalls])
+
+
 def _table(rows: list[dict]) -> str:
     head = ("run", "status", "attempts", "resumes", "device-hours", "started")
     body = [(Path(r["run_dir"]).name, r["status"], str(r["attempts"] if r["attempts"] is not None else "-"),
@@ -124,6 +145,11 @@ def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or:
             raise UsageError("sprite runs verify takes one run folder.", "", "Write: sprite runs verify RUN")
         reason = verify(Path(args[1]))
         typer.echo(json.dumps({"intact": True, "reason": reason}) if json_out else f"intact: {reason}")
+        return 0
+    if args[:1] == ["show"]:
+        if len(args) != 2:
+            raise UsageError("sprite runs show takes one run folder.", "", "Write: sprite runs show RUN")
+        typer.echo(show(Path(args[1]), json_out))
         return 0
     if len(args) > 1:
         raise UsageError("sprite runs takes at most one folder.", "",

@@ -27,6 +27,8 @@ RUN_DIR = "SPRITE_RUN_DIR"  # the run folder (audit.jsonl, heartbeat/, run.json)
 RESUME_MODES = ("never", "auto")  # or a path
 ATTEMPT = "SPRITE_ATTEMPT"  # 1 for the first launch of a run, 2 for its first relaunch, ...
 HEARTBEAT_SECONDS = "SPRITE_HEARTBEAT_SECONDS"  # the most often a rank rewrites its heartbeat within one phase
+STACKS_AFTER = "SPRITE_STACKS_AFTER"  # "T,S,V": seconds without progress after which a rank dumps its stacks in a
+# training step, before its first step, in a checkpoint save (contract/stacks.py); unset: no dump
 PREEMPT_SIGNAL = "SPRITE_PREEMPT_SIGNAL"  # USR1 | USR2 | none: the signal on which ranks checkpoint and stop (exit 75)
 JOB_SCRIPT = "SPRITE_JOB_SCRIPT"  # set by a job script that may requeue: its own path, to submit it again (PBS)
 

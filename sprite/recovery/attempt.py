@@ -13,7 +13,7 @@ from sprite.contract import heartbeat
 from sprite.recovery import rundir
 from sprite.errors import EXIT_PREEMPTED, EXIT_STALLED, SpriteError, report
 from sprite.launch.plan import LaunchPlan
-from sprite.recovery import child, classify, policy
+from sprite.recovery import child, classify, hang, policy
 from sprite.recovery.session import Run
 from sprite.recovery.watchdog import Stall, Watch, heartbeat_seconds, summarize
 
@@ -25,10 +25,12 @@ LOG_TAIL = 1 << 20  # the classifier reads the last MiB of an attempt's log
 class Watcher:
     """The child runner's tick: reads the heartbeats every ``poll`` seconds and answers a stop line on a stall."""
 
-    def __init__(self, run: Run, where: Path, world_size: int, log: Path | None = None) -> None:
+    def __init__(self, run: Run, where: Path, world_size: int, log: Path | None = None,
+                 stacks: Path | None = None) -> None:
         self.where, self.log, self.poll = where, log, heartbeat_seconds(run.limits) / 2
         self.watch = Watch(run.limits, world_size, time.monotonic())
         self.stall: Stall | None = None
+        self.stacks, self.diagnosis = stacks, None
         self._next = 0.0
 
     def __call__(self) -> str | None:
@@ -36,8 +38,15 @@ class Watcher:
         if now < self._next:
             return None
         self._next = now + self.poll
-        self.stall = self.watch.observe(heartbeat.read_all(self.where), now, self._output())
-        return report(SpriteError(self.stall.message())) if self.stall else None
+        beats = heartbeat.read_all(self.where)
+        self.stall = self.watch.observe(beats, now, self._output())
+        if not self.stall:
+            return None
+        stop = [report(SpriteError(self.stall.message()))]
+        if self.stacks is not None:  # where every rank was: the ranks dumped their own stacks (issue 27)
+            self.diagnosis = hang.collect(self.stacks, self.watch.world_size, {r: b.host for r, b in beats.items()})
+            stop += hang.lines(self.diagnosis, self.stacks)
+        return "\n".join(stop)
 
     def _output(self) -> int | None:
         """Bytes the launch has printed so far (its log), None when unknown: the watchdog's output fallback."""
@@ -45,6 +54,15 @@ class Watcher:
             return os.path.getsize(self.log) if self.log else None
         except OSError:
             return None
+
+
+def _diagnosis_fields(watcher: Watcher, run_path: Path) -> dict:
+    """The stall record's hang diagnosis: one line per group of ranks, the likely culprits, the stack folder."""
+    found = watcher.diagnosis
+    if found is None or watcher.stacks is None:
+        return {}
+    return {"diagnosis": list(found.lines), "culprits": list(found.culprits), "culprit_reason": found.reason,
+            "stacks": str(watcher.stacks.relative_to(run_path))}
 
 
 def _unfinished(verdict: classify.Verdict, beats: dict) -> classify.Verdict:
@@ -89,7 +107,8 @@ def run_one(run: Run, plan: LaunchPlan, number: int, signals: child.Forwarding) 
     """
     world = plan.world
     log_path = run.path / f"attempt-{number}.log"
-    watcher = Watcher(run, rundir.attempt_heartbeats(run.path, number), world.size, log_path)
+    stacks = rundir.attempt_stacks(run.path, number) if run.limits else None
+    watcher = Watcher(run, rundir.attempt_heartbeats(run.path, number), world.size, log_path, stacks)
     started, wall = time.monotonic(), time.time()
     run.record("attempt_start", attempt=number, hosts=list(world.hosts), nodes=world.nodes, world_size=world.size,
                launcher=world.flavour, resume=plan.env.get(contract.RESUME, ""), log=log_path.name)
@@ -102,7 +121,8 @@ def run_one(run: Run, plan: LaunchPlan, number: int, signals: child.Forwarding) 
     code, verdict = _verdict(EXIT_STALLED if stall else outcome.code, log_path, plan, beats)
     if stall:
         run.record("stall", attempt=number, idle_seconds=round(stall.idle, 1), limit_seconds=stall.limit,
-                   allowance=stall.allowance, ranks=stall.summary, suspect_hosts=list(stall.suspect_hosts))
+                   allowance=stall.allowance, ranks=stall.summary, suspect_hosts=list(stall.suspect_hosts),
+                   **_diagnosis_fields(watcher, run.path))
     if verdict.cause == classify.PREEMPTION and code != EXIT_PREEMPTED:  # at 75 rank 0 recorded it (preempt.py)
         run.record("preemption", attempt=number, reason=verdict.reason)
     cost = policy.hours(time.monotonic() - started, world.nodes, world.size)

@@ -29,7 +29,8 @@ def prepare(flags: dict, spec_file: str | None, run_dir: str | None, environ: Ma
     """The run and the plan of its first attempt; nothing is created yet. Raises UsageError / SpecError (also for
     an ``env`` that sets sprite's own run variables, or a literal secret unless ``allow_literal_secrets``)."""
     job, _ = planning.assemble(flags, spec_file, environ, allow_literal_secrets)
-    taken = sorted(set(job.env) & {contract.RUN_DIR, contract.ATTEMPT, contract.HEARTBEAT_SECONDS})
+    taken = sorted(set(job.env) & {contract.RUN_DIR, contract.ATTEMPT, contract.HEARTBEAT_SECONDS,
+                                    contract.STACKS_AFTER})
     if taken:
         raise UsageError(f"{', '.join(taken)} cannot be set with --env or env:.", "sprite run sets it for every run.",
                          "Use --run-dir DIR to choose the run folder.")

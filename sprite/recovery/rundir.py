@@ -1,4 +1,5 @@
-"""The run folder: one new folder per ``sprite run`` holding ``audit.jsonl``, ``heartbeat/`` and ``run.json``.
+"""The run folder: one new folder per ``sprite run`` holding ``audit.jsonl``, ``heartbeat/``, ``stacks/`` (with a
+stall timeout) and ``run.json``.
 
 It is never reused: ``--run-dir`` must name a folder that does not exist yet, and the default is a new name under
 ``./sprite-runs/``. The ranks find it in ``SPRITE_RUN_DIR``, so on a cluster it must be on a file system every
@@ -13,7 +14,7 @@ import secrets
 import time
 from pathlib import Path
 
-from sprite.contract import heartbeat
+from sprite.contract import heartbeat, stacks
 from sprite.integrity import owner_only
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError, make_dir_new
@@ -60,6 +61,15 @@ def create(path: Path) -> Path:
 def attempt_heartbeats(path: Path, attempt: int) -> Path:
     """Create and return the heartbeat folder of ``attempt``."""
     where = heartbeat.folder(path, attempt)
+    make_dir_new(where, 0o700)
+    return where
+
+
+def attempt_stacks(path: Path, attempt: int) -> Path:
+    """Create ``stacks/`` (once) and the stack folder of ``attempt`` in it; return the latter."""
+    where = stacks.folder(path, attempt)
+    if not where.parent.exists():
+        make_dir_new(where.parent, 0o700)
     make_dir_new(where, 0o700)
     return where
 

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Mapping
 
 from sprite import contract
+from sprite.contract import stacks
 from sprite.integrity import audit
-from sprite.recovery import rundir
+from sprite.recovery import hang, rundir
 from sprite.spec import yamldoc
 from sprite.spec import job as specmod
 from sprite.launch import plan as planning
@@ -43,6 +44,10 @@ class Run:
     def run_env(self, attempt: int, resume: str | None) -> dict:
         env = {contract.RUN_DIR: str(self.path), contract.ATTEMPT: str(attempt),
                contract.HEARTBEAT_SECONDS: f"{heartbeat_seconds(self.limits):g}"}
+        if self.limits:  # the ranks' own stacks and collectives at a stall (issue 27)
+            env[contract.STACKS_AFTER] = hang.after(self.limits).value()
+            if not {stacks.RECORDER_BUFFER, stacks.RECORDER_OLD_BUFFER} & set(self.environ):
+                env[stacks.RECORDER_BUFFER] = stacks.RECORDER_ENTRIES
         return {**env, contract.RESUME: resume} if resume else env
 
     def plan(self, attempt: int, flags: dict, resume: str | None = None) -> LaunchPlan:

@@ -21,6 +21,7 @@ from lightning.pytorch import Callback, Trainer
 from sprite import contract
 from sprite.contract import heartbeat
 from sprite.contract.heartbeat import Beat
+from sprite.runtime.hang import dump as hang_dump
 
 _current: Optional["Heart"] = None
 
@@ -106,6 +107,7 @@ def start(env, rank: int) -> Optional[Heart]:
     except ValueError:
         interval = 5.0
     _current = Heart(where, rank, interval)
+    hang_dump.start(_current, env, rank, interval)  # this rank's stacks when it stops advancing (issue 27)
     _wrap_save_checkpoint()
     return _current
 

@@ -22,6 +22,8 @@ PRIVATE = (
     ("torch.distributed.checkpoint.default_planner", "_EmptyStateDictLoadPlanner", "dcp_read: consolidation"),
     ("torch.distributed.checkpoint.state_dict_loader", "_load_state_dict", "dcp_read: consolidation"),
     ("torch.distributed.distributed_c10d", "_get_default_store", "finish: the rendezvous store at shutdown"),
+    # checked on 2.13.0 CPU only (gloo records there); hang.recorder falls back to "could not be read" without it
+    ("torch._C._distributed_c10d", "_dump_fr_trace_json", "hang.recorder: the flight recorder's collectives"),
 )
 
 # Python logging's name for torch.distributed.checkpoint's logger: torch sets it to DEBUG with a NullHandler

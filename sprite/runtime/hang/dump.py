@@ -1,0 +1,124 @@
+"""This rank's stacks on disk when it stops advancing: ``faulthandler``'s timed dump, re-armed as the heartbeat moves.
+
+A thread of its own wakes every heartbeat interval; when the heartbeat's count or phase moved since its last look
+it re-arms ``faulthandler.dump_traceback_later`` (the limit in force for the rank's phase, from
+``SPRITE_STACKS_AFTER``), so a training step costs nothing more than it did. A rank that stops advancing dumps by
+itself: faulthandler's own C thread writes every Python thread's stack even while a C call holds the GIL. A little
+before that, this thread writes the flight recorder's summary (recorder.py). A dump followed by progress was no
+hang: the file is cut back to its header. Nothing here stops training: a file that cannot be written is reported
+once.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import site
+import socket
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+
+from sprite.contract import heartbeat, stacks
+from sprite.contract.stacks import After
+from sprite.runtime.hang import recorder
+
+
+class Dumper:
+    """Keeps this rank's stack file armed; ``tick`` is one look at the heartbeat (the thread calls it)."""
+
+    def __init__(self, heart, where: Path, rank: int, after: After, interval: float) -> None:
+        self.heart, self.where, self.rank, self.after, self.interval = heart, where, rank, after, interval
+        self.fd = _open_new(where / stacks.stacks_name(rank))
+        header = (stacks.HEADER + json.dumps(_facts(rank)) + "\n").encode()
+        os.write(self.fd, header)
+        self.header = len(header)
+        self._seen: tuple | None = None
+        self._recorder_due: float | None = None
+
+    def start(self) -> Dumper:
+        threading.Thread(target=self._loop, name="sprite-stacks", daemon=True).start()
+        return self
+
+    def timeout(self, beat) -> float:
+        """The watchdog's limit for this rank's own state, less the margin the launcher gave (SPRITE_STACKS_AFTER)."""
+        if beat.phase == heartbeat.SAVE:
+            return self.after.save
+        return self.after.stall if beat.past_first_step else self.after.first_step
+
+    def tick(self, now: float) -> None:
+        """Re-arm the dump when the heartbeat moved; write the recorder's summary once it is due."""
+        beat = self.heart.beat
+        if (beat.count, beat.phase) != self._seen:
+            self._seen = (beat.count, beat.phase)
+            if os.fstat(self.fd).st_size > self.header:  # dumped, then advanced: a slow step, no hang
+                os.ftruncate(self.fd, self.header)
+                _remove(self.where / stacks.collectives_name(self.rank))
+            timeout = self.timeout(beat)
+            faulthandler.dump_traceback_later(timeout, repeat=False, file=self.fd, exit=False)
+            self._recorder_due = now + max(timeout - self.interval, 0.0)
+        elif self._recorder_due is not None and now >= self._recorder_due:
+            self._recorder_due = None
+            self.write_collectives()
+
+    def write_collectives(self) -> None:
+        final = self.where / stacks.collectives_name(self.rank)
+        temporary = self.where / f".{final.name}.{os.getpid()}.tmp"
+        fd = _open_new(temporary)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(recorder.summary()))
+        os.replace(temporary, final)
+
+    def _loop(self) -> None:
+        warned = False
+        while True:
+            try:
+                self.tick(time.monotonic())
+            except OSError as err:
+                if not warned:
+                    warned = True
+                    print(f"sprite: warning: cannot write this rank's stacks in {self.where} ({err.strerror}); a "
+                          "stall will not show where it was.", file=sys.stderr, flush=True)
+            time.sleep(self.interval)
+
+
+def start(heart, env, rank: int, interval: float) -> Dumper | None:
+    """Arm this rank's stack dump when the launch asked for one (``SPRITE_STACKS_AFTER`` and the run folder set);
+    None otherwise, or when the stack file cannot be made (said once on stderr)."""
+    found = stacks.from_env(env)
+    if found is None:
+        return None
+    where, after = found
+    try:
+        return Dumper(heart, where, rank, after, interval).start()
+    except OSError as err:
+        print(f"sprite: warning: cannot make this rank's stack file in {where} ({err.strerror}); a stall will not "
+              "show where it was. Put the run folder (--run-dir) on a file system every node sees.",
+              file=sys.stderr, flush=True)
+        return None
+
+
+def _open_new(path: Path) -> int:
+    """A new file sprite makes itself: never over an existing name, never through a symlink."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC, 0o600)
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _facts(rank: int) -> dict:
+    """What the launcher needs to read the stacks: who wrote them, and which folders hold library code (every
+    other frame is the user's)."""
+    paths = sysconfig.get_paths()
+    library = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    library |= set(getattr(site, "getsitepackages", list)())
+    library.add(str(Path(__file__).resolve().parents[2]))  # sprite's own package
+    return {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
+            "library": sorted(p for p in library if p)}

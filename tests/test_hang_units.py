@@ -1,0 +1,320 @@
+"""Hang diagnosis without processes (issue 27): reading faulthandler's dumps, the phrase per rank, the culprit rules
+on hand-written stacks, the dump times in the plan, and the rank-side dumper and flight recorder summary."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sprite import contract
+from sprite.contract import stacks
+from sprite.contract.heartbeat import Beat
+from sprite.recovery import entry, hang
+from sprite.recovery.hang import diagnose as dg
+from sprite.recovery.hang import where as places
+from sprite.recovery.hang.frames import Frame, parse
+from sprite.recovery.watchdog import Limits
+
+LIB = "/venv/lib/python3.11/site-packages"
+HEADER = stacks.HEADER + json.dumps({"rank": 1, "host": "n1", "library": ["/py/lib/python3.11", LIB, "/venv/sprite"]})
+MAIN_TAIL = ['  File "/work/train.py", line 90 in main', '  File "/work/train.py", line 95 in <module>',
+             '  File "<frozen runpy>", line 88 in _run_code',
+             '  File "/venv/sprite/runtime/__main__.py", line 143 in <module>']
+BEAT_THREAD = ["Thread 0x00007f0000000001 (most recent call first):",
+               '  File "/venv/sprite/runtime/beats.py", line 64 in _loop',
+               '  File "/py/lib/python3.11/threading.py", line 1045 in _bootstrap_inner',
+               '  File "/py/lib/python3.11/threading.py", line 1002 in _bootstrap', ""]
+
+
+def dump(*inner: str, header: str = HEADER) -> str:
+    """A stack file: the header, a heartbeat thread, then the main thread with ``inner`` frames on top."""
+    main = ["Thread 0x00007f0000000002 (most recent call first):", *inner, *MAIN_TAIL]
+    return "\n".join([header, "Timeout (0:00:04.800000)!", *BEAT_THREAD, *main]) + "\n"
+
+
+def frame(path: str, line: int, func: str) -> str:
+    return f'  File "{path}", line {line} in {func}'
+
+
+SLEEP = (frame("/work/train.py", 57, "training_step"), frame(f"{LIB}/lightning/pytorch/core/module.py", 10, "step"))
+C10D = f"{LIB}/torch/distributed/distributed_c10d.py"
+WRAP = f"{LIB}/torch/distributed/c10d_logger.py"
+ALL_REDUCE = (frame(C10D, 3252, "all_reduce"), frame(WRAP, 83, "wrapper"), frame("/work/train.py", 60, "training_step"),
+              frame(f"{LIB}/lightning/pytorch/loops/loop.py", 5, "run"))
+BACKWARD = (frame(f"{LIB}/torch/autograd/graph.py", 829, "_engine_run_backward"),
+            frame(f"{LIB}/torch/autograd/__init__.py", 364, "backward"), frame(f"{LIB}/lightning/x.py", 3, "closure"))
+HOOK_BARRIER = (frame(C10D, 5356, "barrier"), frame(WRAP, 83, "wrapper"),
+                frame(f"{LIB}/lightning/fabric/utilities/distributed.py", 213, "_sync_ddp"),
+                frame("/work/train.py", 70, "on_train_epoch_end"), frame(f"{LIB}/lightning/loops/fit.py", 9, "run"))
+LOADER = (frame("/work/train.py", 40, "__getitem__"), frame(f"{LIB}/torch/utils/data/_utils/fetch.py", 52, "fetch"),
+          frame(f"{LIB}/torch/utils/data/dataloader.py", 733, "__next__"))
+
+
+def where_of(*inner: str, header: str = HEADER) -> places.Where:
+    return places.of(parse(dump(*inner, header=header)), quote=lambda f: "time.sleep(3600)" if f.line == 57 else "")
+
+
+# --- reading a dump ---
+
+def test_the_main_thread_is_found_among_the_threads_and_the_header_is_read():
+    found = parse(dump(*SLEEP))
+    assert found.header["rank"] == 1 and found.dumped and len(found.threads) == 2
+    main = found.main()
+    assert main.frames[0] == Frame("/work/train.py", 57, "training_step") and main.frames[-1].func == "<module>"
+
+
+def test_only_the_last_dump_counts_and_a_header_alone_is_no_dump():
+    twice = dump(*ALL_REDUCE) + "Timeout (0:00:04)!\n" + "\n".join(
+        ["Current thread 0x00007f0000000003 (most recent call first):", *SLEEP, "  <no Python frame>", *MAIN_TAIL])
+    assert parse(twice).main().frames[0].func == "training_step"
+    assert not parse(HEADER + "\n").dumped and parse("garbage\n\x00").header == {}
+
+
+# --- one rank's phrase ---
+
+def test_a_rank_in_its_own_code_is_named_with_its_function_and_line():
+    where = where_of(*SLEEP)
+    assert (where.kind, where.text) == (places.USER, "stuck in training_step (train.py:57: time.sleep(3600))")
+
+
+def test_a_collective_is_named_with_its_caller_and_whether_the_users_code_called_it():
+    direct = where_of(*ALL_REDUCE)
+    assert (direct.kind, direct.op, direct.direct) == (places.COLLECTIVE, "all_reduce", True)
+    assert direct.text == "waiting in all_reduce called from training_step (train.py:60)"
+    hook = where_of(*HOOK_BARRIER)
+    assert not hook.direct and hook.text == ("waiting in barrier called from _sync_ddp (distributed.py:213) under "
+                                             "on_train_epoch_end (train.py:70)")
+
+
+def test_backward_the_data_loader_and_library_code_are_told_apart():
+    assert where_of(*BACKWARD).kind == places.BACKWARD
+    loader = where_of(*LOADER)
+    assert loader.kind == places.USER and loader.text == "stuck in __getitem__ (train.py:40) inside the data loader"
+    assert where_of(*LOADER[1:]).text == "waiting for the data loader in fetch (fetch.py:52) under main (train.py:90)"
+    library = where_of(frame(f"{LIB}/torch/serialization.py", 5, "load"))  # under the script's entry point only
+    assert (library.kind, library.text) == (places.LIBRARY, "in load (serialization.py:5) under main (train.py:90)")
+    assert where_of(frame(f"{LIB}/torch/serialization.py", 5, "load"), *SLEEP).text == (
+        "stuck in training_step (train.py:57: time.sleep(3600)) in load (serialization.py:5)")
+    assert places.of(parse(dump())).kind == places.USER
+    assert places.of(None).kind == places.NONE
+
+
+def test_without_a_header_site_packages_and_the_standard_library_are_library_code():
+    where = where_of(frame("/usr/lib/python3.11/selectors.py", 415, "select"), *SLEEP, header="no header")
+    assert where.text == "stuck in training_step (train.py:57: time.sleep(3600)) in select (selectors.py:415)"
+
+
+def test_a_source_line_is_quoted_only_from_a_regular_file_and_cut(tmp_path):
+    source = tmp_path / "t.py"
+    source.write_text("a = 1\n    time.sleep(3600)   # long " + "x" * 80 + "\n")
+    assert places.source_line(Frame(str(source), 2, "f"), limit=20) == "time.sleep(3600) ..."
+    assert places.source_line(Frame(str(source), 9, "f")) == ""
+    os.mkfifo(tmp_path / "fifo")
+    assert places.source_line(Frame(str(tmp_path / "fifo"), 1, "f")) == ""  # never blocks
+    assert places.source_line(Frame("relative.py", 1, "f")) == ""
+
+
+def test_the_flight_recorder_summary_becomes_one_phrase_and_a_sequence_number():
+    summary = {"backend": "gloo", "groups": [
+        {"pg": "0", "name": "default_pg", "last_enqueued": 35, "last_completed": 34,
+         "last": {"op": "all_reduce", "seq": 35, "sizes": [[161]], "completed": False}},
+        {"pg": "1", "name": "side", "last_enqueued": 2, "last_completed": 2,
+         "last": {"op": "broadcast", "seq": 2, "sizes": [[4, 4], [2]], "completed": True}}]}
+    text, seq = places.collectives(summary)
+    assert seq == 35
+    assert text == ("all_reduce #35 (161) not completed (completed up to #34); broadcast #2 (4x4,2) on group side "
+                    "completed")
+    assert places.collectives({"backend": "xccl", "none": "no flight recorder on XCCL"}) == (
+        "no flight recorder on XCCL", None)
+    assert places.collectives(None) == ("", None) and places.collectives({"groups": "x"}) == ("", None)
+
+
+# --- the culprit rules (diagnose.py's docstring, in its order) ---
+
+def state(rank: int, kind: str, text: str = "", seq: int | None = None, direct: bool = False, host: str = "n1"):
+    return dg.RankState(rank, host, places.Where(kind, text or kind, direct), f"#{seq}" if seq else "", seq)
+
+
+def test_rule_1_the_ranks_elsewhere_while_the_others_wait():
+    states = {r: state(r, places.COLLECTIVE, "waiting in all_reduce") for r in range(4)}
+    states[3] = state(3, places.USER, "stuck in training_step")
+    assert dg.culprits(states) == ({3}, "not in a collective while the others wait in one")
+
+
+def test_rule_2_the_ranks_behind_in_the_collectives():
+    states = {0: state(0, places.BACKWARD, seq=12), 1: state(1, places.BACKWARD, seq=12),
+              2: state(2, places.COLLECTIVE, "waiting in barrier", seq=11)}
+    assert dg.culprits(states) == ({2}, "behind in the collectives (#11 where others reached #12)")
+
+
+def test_rule_3_a_collective_only_some_ranks_called_from_their_own_code():
+    states = {0: state(0, places.BACKWARD), 1: state(1, places.COLLECTIVE, "waiting in barrier", direct=True)}
+    assert dg.culprits(states) == ({1}, "called a collective from its own code that the others did not reach")
+
+
+def test_rule_4_the_one_smallest_group_and_rule_5_none():
+    states = {r: state(r, places.USER, "stuck in read") for r in range(3)}
+    states[3] = state(3, places.LIBRARY, "in load")
+    assert dg.culprits(states) == ({3}, "the only ones in this place")
+    assert dg.culprits({r: state(r, places.USER, "stuck in read") for r in range(3)}) == (set(), "")
+    assert dg.culprits({0: state(0, places.USER, "a"), 1: state(1, places.USER, "b")}) == (set(), "")
+
+
+def test_ranks_without_stacks_are_listed_but_never_judged():
+    states = {0: state(0, places.COLLECTIVE, "waiting"), 1: state(1, places.NONE, "wrote no stacks")}
+    assert dg.culprits(states) == (set(), "")
+    assert [line.split(":")[0] for line in dg.diagnose(states).lines] == ["rank 0 on n1", "rank 1 on n1"]
+
+
+def test_twelve_thousand_ranks_give_two_lines_with_the_culprit_first():
+    states = {r: state(r, places.BACKWARD, "waiting in backward", host=f"n{r // 12:04d}") for r in range(12000)}
+    states[7] = state(7, places.USER, "stuck in training_step (train.py:57)", host="n0000")
+    found = dg.diagnose(states)
+    assert found.culprits == (7,)
+    culprit = ("rank 7 on n0000: stuck in training_step (train.py:57) <- the likely culprit: not in a collective "
+               "while the others wait in one")
+    assert found.lines == (culprit, "ranks 0-6,8-11999 on n[0000-0999]: waiting in backward, for rank 7")
+
+
+def test_many_groups_are_cut_and_every_line_is_bounded():
+    states = {r: state(r, places.USER, f"stuck in f{r} " + "x" * 900) for r in range(20)}
+    found = dg.diagnose(states)
+    assert len(found.lines) == dg.MAX_GROUPS + 1 and found.lines[-1] == "... and 12 more groups of ranks"
+    assert all(len(line) < dg.LINE_MAX + 40 for line in found.lines)
+
+
+# --- the plan, the files, the record ---
+
+def test_the_plan_tells_the_ranks_when_to_dump_and_turns_the_recorder_on(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    _, plan = entry.prepare({"script": str(script), "stall_timeout": "6"}, None, str(tmp_path / "r1"), {})
+    assert plan.env[contract.STACKS_AFTER] == "4.8,298.8,10.8"  # each limit less two heartbeat intervals (0.6 s)
+    assert plan.env[stacks.RECORDER_BUFFER] == stacks.RECORDER_ENTRIES
+    _, plan = entry.prepare({"script": str(script), "stall_timeout": "6"}, None, str(tmp_path / "r2"),
+                            {stacks.RECORDER_BUFFER: "50"})
+    assert stacks.RECORDER_BUFFER not in plan.env  # the user's own setting stays
+    _, plan = entry.prepare({"script": str(script)}, None, str(tmp_path / "r3"), {})
+    assert contract.STACKS_AFTER not in plan.env and stacks.RECORDER_BUFFER not in plan.env
+    assert hang.after(Limits(1.0, 300.0, 2.0)) == stacks.After(0.5, 299.0, 1.0)  # never less than half a limit
+
+
+def test_the_dump_times_are_read_strictly():
+    assert stacks.After.parse("4.8,298.8,10.8") == stacks.After(4.8, 298.8, 10.8)
+    for bad in ("", "1,2", "1,2,x", "1,-2,3", "nan,1,1", "1,2,3,4"):
+        assert stacks.After.parse(bad) is None, bad
+    env = {contract.RUN_DIR: "/r", contract.ATTEMPT: "2", contract.STACKS_AFTER: "1,2,3"}
+    assert stacks.from_env(env) == (Path("/r/stacks/attempt-2"), stacks.After(1, 2, 3))
+    assert stacks.from_env({**env, contract.ATTEMPT: "²"}) is None
+
+
+def test_collect_waits_a_bounded_time_and_names_a_rank_that_wrote_nothing(tmp_path):
+    (tmp_path / "rank0.txt").write_text(dump(*ALL_REDUCE))
+    (tmp_path / "rank1.txt").write_text(HEADER + "\n")  # armed, never dumped
+    (tmp_path / "rank0.collectives.json").write_text(json.dumps({"backend": "gloo", "groups": [
+        {"pg": "0", "last_enqueued": 3, "last_completed": 2,
+         "last": {"op": "all_reduce", "seq": 3, "sizes": [[2]], "completed": False}}]}))
+    clock = iter(range(100))
+    found = hang.collect(tmp_path, 2, {0: "n1"}, wait=3, clock=lambda: next(clock), sleep=lambda s: None)
+    assert next(clock) < 10  # gave up after the wait
+    assert found.lines[0] == ("rank 0 on n1: waiting in all_reduce called from training_step (train.py:60); "
+                              "collectives: all_reduce #3 (2) not completed (completed up to #2)")
+    assert found.lines[1].startswith("rank 1 on n1: wrote no stacks") and found.culprits == ()
+    (tmp_path / "rank2.txt").symlink_to(tmp_path / "rank0.txt")
+    assert not hang.read_dump(tmp_path, 2).dumped  # never read through a symlink
+
+
+def test_runs_show_lists_each_stall_and_its_diagnosis():
+    records = [{"kind": "launch"}, {"kind": "stall", "attempt": 1, "idle_seconds": 6.1, "allowance": "stall timeout",
+                                    "limit_seconds": 6, "ranks": "ranks 0-1 in training step at step 3",
+                                    "diagnosis": ["rank 1: stuck", "rank 0: waiting"], "stacks": "stacks/attempt-1"},
+               {"kind": "stall", "attempt": 2, "ranks": "rank 0"}]
+    assert hang.from_records(records) == [
+        "attempt 1 stalled: no rank advanced for 6.1 s (stall timeout 6 s): ranks 0-1 in training step at step 3",
+        "  rank 1: stuck", "  rank 0: waiting", "  stacks: stacks/attempt-1/",
+        "attempt 2 stalled: no rank advanced for None s (None None s): rank 0",
+        "  no diagnosis (a run without stack dumps)"]
+
+
+# --- inside the rank ---
+
+class FakeHeart:
+    def __init__(self):
+        self.beat = Beat(1, "n1", os.getpid(), 5, "training step", 10, 0.0, first_step=0)
+
+
+def test_the_dumper_dumps_when_no_progress_comes_and_forgets_a_dump_once_progress_does(tmp_path):
+    from sprite.runtime.hang import dump as rank_dump
+
+    heart = FakeHeart()
+    dumper = rank_dump.Dumper(heart, tmp_path, 1, stacks.After(0.3, 60, 60), interval=0.05)
+    path = tmp_path / "rank1.txt"
+    try:
+        dumper.tick(time.monotonic())
+        assert dumper.timeout(heart.beat) == 0.3
+        time.sleep(1.0)
+        text = path.read_text()
+        assert text.startswith(stacks.HEADER) and "(most recent call first):" in text
+        assert "test_the_dumper_dumps_when_no_progress_comes" in text  # this thread's own frame
+        dumper.tick(time.monotonic() + 1)  # the recorder's summary is due
+        assert json.loads((tmp_path / "rank1.collectives.json").read_text())["none"]
+        heart.beat = replace(heart.beat, count=11)
+        dumper.tick(time.monotonic())
+        assert path.read_text().count("\n") == 1 and not (tmp_path / "rank1.collectives.json").exists()
+        assert dumper.timeout(replace(heart.beat, first_step=-1)) == 60
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        os.close(dumper.fd)
+
+
+def test_the_dumper_never_writes_over_a_file_or_through_a_symlink(tmp_path, capsys):
+    from sprite.runtime.hang import dump as rank_dump
+
+    env = {contract.RUN_DIR: str(tmp_path), contract.ATTEMPT: "1", contract.STACKS_AFTER: "1,2,3"}
+    where = stacks.folder(tmp_path, 1)
+    where.mkdir(parents=True)
+    (where / "rank0.txt").write_text("the user's")
+    (where / "rank1.txt").symlink_to(tmp_path / "elsewhere")
+    assert rank_dump.start(FakeHeart(), env, 0, 1.0) is None and rank_dump.start(FakeHeart(), env, 1, 1.0) is None
+    assert (where / "rank0.txt").read_text() == "the user's" and not (tmp_path / "elsewhere").exists()
+    assert "cannot make this rank's stack file" in capsys.readouterr().err
+    assert rank_dump.start(FakeHeart(), {**env, contract.STACKS_AFTER: ""}, 2, 1.0) is None
+
+
+RECORDER_PROBE = """
+import json, os, tempfile, torch, torch.distributed as dist
+from sprite.runtime.hang import recorder
+print(json.dumps(recorder.summary()))
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://" + tempfile.mktemp())
+dist.all_reduce(torch.ones(3))
+dist.barrier()
+print(json.dumps(recorder.summary()))
+"""
+
+
+def test_the_flight_recorder_records_gloo_collectives_in_this_torch():
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env[stacks.RECORDER_BUFFER] = "20"
+    done = subprocess.run([sys.executable, "-c", RECORDER_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    assert before == {"backend": "", "none": "no process group was started"}
+    group = after["groups"][0]
+    assert after["backend"] == "gloo" and group["last_enqueued"] == group["last_completed"] == 2
+    assert group["last"] == {"op": "barrier", "seq": 2, "sizes": [], "dtypes": [], "completed": True}
+
+
+@pytest.mark.parametrize("name", ["_dump_fr_trace_json"])
+def test_the_recorder_dump_is_listed_with_the_private_torch_names(name):
+    from sprite.runtime.ckpt import torch_names
+    from sprite.runtime.hang import recorder
+
+    assert recorder.RECORDER in [(module, attr) for module, attr, _ in torch_names.PRIVATE] and recorder.RECORDER[1] == name
