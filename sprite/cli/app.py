@@ -83,6 +83,14 @@ def run(
                                               "out of the first launch, to replace a failed node"),
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
+    checkpoint_every: Optional[str] = typer.Option(
+        None, "--checkpoint-every", metavar="DURATION|auto", help="sprite saves a sealed checkpoint at the first "
+        "step boundary after every DURATION (30s, 10min, 1h), even without the script's own; auto: Young/Daly "
+        "from the first save's stall and --mtbf"),
+    mtbf: Optional[str] = typer.Option(None, "--mtbf", metavar="DURATION", help="mean time between failures for "
+                                       "--checkpoint-every auto (e.g. 24h); default: the site profile's"),
+    keep: Optional[str] = typer.Option(None, "--keep", metavar=WHOLE, help="how many of sprite's own "
+                                       "--checkpoint-every checkpoints to keep (default 2)"),
     preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
                                                  "it the ranks checkpoint at the next step and exit 75"),
     requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "
@@ -130,6 +138,7 @@ def run(
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes,
         "preempt_signal": preempt_signal, "requeue": True if requeue else None,
+        "checkpoint_every": checkpoint_every, "mtbf": mtbf, "keep": keep,
     }
     flags["preflight"] = True if preflight else None
     run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)

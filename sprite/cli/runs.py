@@ -26,7 +26,8 @@ HELP = """List the runs in DIR (default ./sprite-runs), or verify one run's audi
   sprite runs                      # status, attempts, resumes, device-hours of each run
   sprite runs DIR --json
   sprite runs verify RUN           # exit 0: trail intact; 1: edited or truncated, with the reason
-  sprite runs show RUN             # one run: its summary and where every rank was at a stall
+  sprite runs show RUN             # one run: its summary, where every rank was at a stall, its goodput
+  sprite runs goodput RUN --json   # device-hours: productive, lost work, restart, checkpoint stall, ...
 """
 
 
@@ -121,11 +122,15 @@ def show(run: Path, json_out: bool = False) -> str:
         raise UsageError(f"Cannot read {run / rundir.AUDIT} ({err.strerror}).", "It is not readable by you.",
                          "Run sprite runs show as the run's owner.") from None
     stalls = hang.from_records(records)
+    from sprite.cli import goodput as cli_goodput
+
+    spent = cli_goodput.report([str(run)])  # where the device-hours went (issue 30)
     if json_out:
-        return json.dumps({**row, "stalls": [r for r in records if r.get("kind") == "stall"]}, indent=2)
+        return json.dumps({**row, "stalls": [r for r in records if r.get("kind") == "stall"], "goodput": spent},
+                          indent=2)
     head = [f"{key}: {row[key]}" for key in ("run_dir", "status", "attempts", "resumes", "device_hours", "started")
             if key in row]
-    return "\n".join([*head, *stalls])
+    return "\n".join([*head, *stalls, cli_goodput.text(spent, 1)])
 
 
 def _table(rows: list[dict]) -> str:
@@ -137,7 +142,7 @@ def _table(rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body])
 
 
-def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or: verify RUN"),
+def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or: verify RUN, or: goodput RUN..."),
          json_out: bool = typer.Option(False, "--json", help="print JSON")) -> int:
     args = list(args or [])
     if args[:1] == ["verify"]:
@@ -145,6 +150,11 @@ def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or:
             raise UsageError("sprite runs verify takes one run folder.", "", "Write: sprite runs verify RUN")
         reason = verify(Path(args[1]))
         typer.echo(json.dumps({"intact": True, "reason": reason}) if json_out else f"intact: {reason}")
+        return 0
+    if args[:1] == ["goodput"]:
+        from sprite.cli import goodput
+
+        typer.echo(goodput.main(args[1:], json_out))
         return 0
     if args[:1] == ["show"]:
         if len(args) != 2:

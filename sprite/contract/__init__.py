@@ -30,6 +30,9 @@ HEARTBEAT_SECONDS = "SPRITE_HEARTBEAT_SECONDS"  # the most often a rank rewrites
 STACKS_AFTER = "SPRITE_STACKS_AFTER"  # "T,S,V": seconds without progress after which a rank dumps its stacks in a
 # training step, before its first step, in a checkpoint save (contract/stacks.py); unset: no dump
 PREEMPT_SIGNAL = "SPRITE_PREEMPT_SIGNAL"  # USR1 | USR2 | none: the signal on which ranks checkpoint and stop (exit 75)
+CHECKPOINT_EVERY = "SPRITE_CHECKPOINT_EVERY"  # seconds between sprite's own saves, or "auto" (Young/Daly from MTBF)
+MTBF = "SPRITE_MTBF"  # seconds: the mean time between failures --checkpoint-every auto plans for
+KEEP = "SPRITE_KEEP"  # how many of sprite's own clock checkpoints a rank keeps (default 2)
 JOB_SCRIPT = "SPRITE_JOB_SCRIPT"  # set by a job script that may requeue: its own path, to submit it again (PBS)
 
 ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS,

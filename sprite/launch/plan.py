@@ -121,8 +121,28 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.CHECKS: spec.checks,
         contract.PREEMPT_SIGNAL: preemption.effective(spec.preempt_signal),
     })
+    env.update(cadence_env(spec))
     env.update(ctx.run_env)
     env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
+    return env
+
+
+def cadence_env(spec: JobSpec) -> dict:
+    """The ``--checkpoint-every`` variables (none without it; an ``mtbf`` alone, e.g. a site profile's, is
+    unused). Raises UsageError for ``auto`` without an MTBF, or ``--keep`` without a cadence."""
+    if spec.checkpoint_every is None:
+        if spec.keep is not None:
+            raise UsageError(f"{spec.blame('keep')} keeps sprite's own checkpoints, and it saves none.",
+                             "It only applies with --checkpoint-every.",
+                             "Add --checkpoint-every DURATION (or auto), or drop it.")
+        return {}
+    if spec.checkpoint_every == "auto" and spec.mtbf is None:
+        raise UsageError(f"{spec.blame('checkpoint_every')} needs the mean time between failures.",
+                         "auto computes the interval from it (Young/Daly: sqrt(2 x save stall x MTBF)).",
+                         "Add --mtbf DURATION (e.g. --mtbf 24h), or mtbf: in the site profile's job: block.")
+    env = {contract.CHECKPOINT_EVERY: spec.checkpoint_every, contract.KEEP: str(spec.keep or 2)}
+    if spec.mtbf is not None:
+        env[contract.MTBF] = repr(spec.mtbf)
     return env
 
 

@@ -21,6 +21,7 @@ from sprite.runtime.checks.fit import FitChecks
 from sprite.runtime.kwargs import make_strategy
 from sprite.runtime.precision import MIXED, XPUMixedPrecision, normalize_precision
 from sprite.runtime import beats as progress
+from sprite.runtime.ckpt import cadence
 
 
 def _from_string(given):
@@ -86,7 +87,7 @@ def install(cfg: RuntimeConfig) -> None:
     def __init__(self, *args, **kwargs):
         world_check.seen("Trainer")
         kwargs = launched_trainer_kwargs(cfg, kwargs)
-        reporters = progress.callbacks()
+        reporters = [*progress.callbacks(), *cadence.callbacks()]  # heartbeat (beats.py), first step + cadence
         if reporters:  # the stall watchdog's heartbeat (progress.py)
             given = kwargs.get("callbacks")
             kwargs["callbacks"] = [*([] if given is None else given if isinstance(given, (list, tuple)) else

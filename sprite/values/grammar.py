@@ -127,6 +127,28 @@ def duration(value: Any, complain: Complain) -> float:
     return number
 
 
+SPAN = re.compile(r"([0-9]{1,12}(?:\.[0-9]{0,12})?)\s*(s|sec|min|h|d)?")
+SPAN_UNITS = {None: 1.0, "s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+SPAN_ALLOWED = "a duration above 0: seconds (90) or with a unit: 30s, 10min, 1.5h, 7d"
+
+
+def span(value: Any, complain: Complain) -> float:
+    """Seconds from a duration with an optional unit (``90``, ``30s``, ``10min``, ``1.5h``, ``7d``)."""
+    text = scalar_text(value) if not isinstance(value, float) else repr(value)
+    match = SPAN.fullmatch(text.strip()) if text is not None else None
+    number = float(match.group(1)) * SPAN_UNITS[match.group(2)] if match else None
+    if number is None or not 0 < number < float("inf"):
+        raise complain(f"{show(value)} is not a duration.", SPAN_ALLOWED)
+    return number
+
+
+def cadence(value: Any, complain: Complain) -> str:
+    """``checkpoint_every``: ``auto`` (Young/Daly from the MTBF) or a duration, kept as seconds in text."""
+    if scalar_text(value) == "auto":
+        return "auto"
+    return repr(span(value, lambda what, allowed: complain(what, f"auto, or {allowed}")))
+
+
 MIN_TIMEOUT = 1.0  # seconds; ranks beat at most every 0.5 s (recovery.watchdog.heartbeat_seconds)
 
 

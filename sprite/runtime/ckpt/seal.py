@@ -19,8 +19,10 @@ import datetime
 import os
 import re
 import secrets
+import time
 from pathlib import Path
 
+from sprite import contract
 from sprite import integrity
 from sprite.runtime import allranks
 from sprite.runtime import hooks
@@ -94,6 +96,15 @@ def _meta(trainer, fmt: str, weights_only) -> dict:
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")}
 
 
+def _timing(started: float) -> dict:
+    """The goodput fields of a save's record: the stall it cost the training loop (from the call to the return,
+    waiting for the save before it included), the wall time training went on, and the attempt."""
+    now = time.time()
+    attempt = os.environ.get(contract.ATTEMPT, "")
+    return {"stall_seconds": round(now - started, 4), "resumed_at": round(now, 4),
+            "attempt": int(attempt) if attempt.isascii() and attempt.isdigit() else 0}
+
+
 def _finish(plan: dict, target: Path, meta: dict, pending: list, reports: list) -> bool:
     """Rank 0, once every rank reported: put the checkpoint in place (a file renamed from its temporary name, a
     fresh folder swapped in), drop a stale manifest, seal (fsynced) and record. Returns whether it is sealed."""
@@ -102,7 +113,8 @@ def _finish(plan: dict, target: Path, meta: dict, pending: list, reports: list) 
     if failed:
         trail.say(f"checkpoint {target} is not sealed (a rank could not write or confirm its files): "
                   f"{'; '.join(failed)}")
-        trail.audit("checkpoint_written", path=str(target), step=meta["step"], verified=False)
+        trail.audit("checkpoint_written", path=str(target), step=meta["step"], verified=False,
+                    **plan.get("timing", {}))
         return False
     files = {rel: entry for ok, info in reports for rel, entry in info.items()}
     with durable.LOCK:
@@ -115,7 +127,7 @@ def _finish(plan: dict, target: Path, meta: dict, pending: list, reports: list) 
             _swap(written, target)
         integrity.fsync_dir(target.parent)
         integrity.seal(target, meta, files, sync=True)
-    trail.audit("checkpoint_written", path=str(target), step=meta["step"], verified=True)
+    trail.audit("checkpoint_written", path=str(target), step=meta["step"], verified=True, **plan.get("timing", {}))
     return True
 
 
@@ -183,6 +195,7 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
         SaveFailed: an earlier checkpoint could not be saved in the background (raised on every rank).
         OSError: rank 0 could not create the checkpoint's folder (raised on every rank).
     """
+    started = time.time()
     durable.wait()
     strategy = trainer.strategy
     target = Path(os.path.abspath(filepath))
@@ -202,6 +215,7 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
         original(trainer, plan["write"], weights_only, storage_options)
     meta = _meta(trainer, "dcp" if folder else "file", weights_only)
     rank, world = trainer.global_rank, trainer.world_size
+    plan["timing"] = _timing(started)
     durable.later(lambda: _complete(plan, target, meta, pending, rank, world, group))
 
 

@@ -1,0 +1,152 @@
+"""Checkpoints on a clock (``--checkpoint-every``) and the first-step record that goodput needs.
+
+Every fit of a launch with a run folder gets a :class:`Cadence` callback. At the first training step of a process
+rank 0 appends ``first_step`` (attempt, step, wall time) to the audit trail: where an attempt's start-up (or its
+restart) ends and its training begins (``sprite runs goodput``).
+
+With ``SPRITE_CHECKPOINT_EVERY`` (seconds, or ``auto``) it saves through ``Trainer.save_checkpoint`` (sealed, as
+every save is) at the first optimizer-step boundary after each interval, whether or not the script has a
+ModelCheckpoint and even with ``enable_checkpointing=False``, into the script's checkpoint folder (its first
+ModelCheckpoint's, else ``<default_root_dir>/checkpoints``), where ``--resume auto`` looks. Only rank 0's clock
+decides; every rank learns the decision from one one-element MAX all-reduce per optimizer step (as the preemption
+check pays; a world of one rank skips it). It keeps the newest ``SPRITE_KEEP`` (default 2) of the checkpoints this
+process saved, and removes older ones only after the newer is sealed (``durable.remove_later``); nothing else is
+ever removed.
+
+``auto``: the interval is Young/Daly's sqrt(2 x C x MTBF) with C the measured stall of the first save (made at the
+first step boundary) and MTBF from ``SPRITE_MTBF``; it is recomputed whenever a save's stall differs from the C in
+use by more than half, and each choice is an audit record ``checkpoint_interval`` (seconds, save_seconds,
+mtbf_hours).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+from lightning.pytorch import Callback
+
+from sprite import contract
+from sprite.errors import UsageError
+from sprite.runtime import trail
+
+PREFIX = "sprite-every"  # the names of the checkpoints sprite saves on its clock (and may remove with --keep)
+KEEP = 2
+
+
+def young_daly(save_seconds: float, mtbf_seconds: float) -> float:
+    """The checkpoint interval that minimises expected lost work plus save cost: sqrt(2 x C x MTBF) (Young 1974;
+    Daly 2006's first-order term)."""
+    return math.sqrt(2.0 * max(save_seconds, 0.0) * mtbf_seconds)
+
+
+def settings(env) -> tuple[float | str | None, float | None, int]:
+    """(interval seconds, "auto" or None; MTBF seconds or None; keep) from the contract. Raises UsageError on a
+    malformed value (sprite run never exports one)."""
+    every = env.get(contract.CHECKPOINT_EVERY, "").strip()
+    mtbf = env.get(contract.MTBF, "").strip()
+    keep = env.get(contract.KEEP, "").strip() or str(KEEP)
+    try:
+        interval = None if not every else "auto" if every == "auto" else float(every)
+        mtbf_s = float(mtbf) if mtbf else None
+        kept = int(keep)
+    except ValueError:
+        interval, mtbf_s, kept = -1.0, None, 0
+    if interval == "auto" and not mtbf_s or isinstance(interval, float) and not interval > 0 or kept < 1 or \
+            mtbf_s is not None and not mtbf_s > 0:
+        raise UsageError(f"{contract.CHECKPOINT_EVERY}={every!r} {contract.MTBF}={mtbf!r} {contract.KEEP}={keep!r}"
+                         " is not a valid checkpoint cadence.", "It was set by hand, not by sprite run.",
+                         "Use sprite run --checkpoint-every DURATION|auto [--mtbf DURATION] [--keep N].")
+    return interval, mtbf_s, kept
+
+
+def _attempt(env) -> int:
+    value = env.get(contract.ATTEMPT, "")
+    return int(value) if value.isascii() and value.isdigit() else 0
+
+
+class Cadence(Callback):
+    """Records the first training step; saves on a clock when asked (module docstring)."""
+
+    def __init__(self, env=os.environ) -> None:
+        self.every, self.mtbf, self.keep = settings(env)
+        self.attempt = _attempt(env)
+        self.interval = self.every if isinstance(self.every, float) else 0.0  # auto: 0 until the first save
+        self.cost = None  # auto: the save stall C the interval was computed from
+        self.started = False
+        self.last = 0.0
+        self.checked_step = -1
+        self.mine: list[str] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.started:
+            return
+        self.started, self.last, self.checked_step = True, time.time(), trainer.global_step
+        if trainer.is_global_zero:
+            trail.audit("first_step", attempt=self.attempt, step=trainer.global_step, wall=round(self.last, 4))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.every is None or trainer.global_step == self.checked_step:
+            return  # no cadence, or no optimizer step since the last check (gradient accumulation)
+        self.checked_step = trainer.global_step
+        due = trainer.is_global_zero and time.time() - self.last >= self.interval
+        if not self._agree(trainer, due):
+            return
+        from sprite.runtime.preempt import checkpoint_folder
+
+        path = str(Path(checkpoint_folder(trainer)) / f"{PREFIX}-step={trainer.global_step}.ckpt")
+        before = time.time()
+        trainer.save_checkpoint(path)
+        self.last = time.time()
+        self.mine.append(path)
+        if trainer.is_global_zero and self.every == "auto":
+            self._retune(self.last - before)
+        self._prune(trainer)
+
+    def _retune(self, stall: float) -> None:
+        """Rank 0, auto: a new interval from this save's stall when it is the first or differs by over half."""
+        if self.cost is not None and abs(stall - self.cost) <= 0.5 * self.cost:
+            return
+        self.cost, self.interval = stall, young_daly(stall, self.mtbf)
+        trail.audit("checkpoint_interval", attempt=self.attempt, seconds=round(self.interval, 4),
+                    save_seconds=round(stall, 4), mtbf_hours=round(self.mtbf / 3600, 6))
+        trail.say(f"checkpoint every {self.interval:.1f} s (Young/Daly: save stall {stall:.3f} s, MTBF "
+                  f"{self.mtbf / 3600:.2f} h)")
+
+    def _prune(self, trainer) -> None:
+        """Remove this process's own clock checkpoints beyond the newest ``keep``, once the newest is sealed."""
+        from sprite import integrity
+        from sprite.runtime.ckpt import durable
+
+        while len(self.mine) > self.keep:
+            old = self.mine.pop(0)
+
+            def remove(old=old):
+                for name in (old, str(integrity.manifest_path(Path(old)))):
+                    if os.path.isdir(name) and not os.path.islink(name):
+                        shutil.rmtree(name)  # a sharded save's folder
+                    elif os.path.lexists(name):
+                        os.unlink(name)
+
+            if trainer.is_global_zero:
+                durable.remove_later(old, remove)
+
+    @staticmethod
+    def _agree(trainer, due: bool) -> bool:
+        if trainer.world_size == 1:
+            return due
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(due)], dtype=torch.int32, device=trainer.strategy.root_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def callbacks(env=os.environ) -> list:
+    """A Cadence for a launch with a run folder (``SPRITE_RUN_DIR``), else none. Raises UsageError as
+    :func:`settings`."""
+    return [Cadence(env)] if env.get(contract.RUN_DIR, "").strip() else []

@@ -1,0 +1,204 @@
+"""`sprite runs goodput`'s arithmetic over hand-written audit records and heartbeats (no training; the ground-truth
+runs are tests/test_goodput_runs.py), and the checkpoint cadence's pure parts."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sprite.cli import goodput as cli_goodput
+from sprite.contract import heartbeat
+from sprite.contract.heartbeat import Beat
+from sprite.errors import UsageError
+from sprite.integrity import audit
+from sprite.recovery import goodput, rundir
+from sprite.values import grammar
+
+T0 = 1_000_000.0
+SHAPE = ["total", "productive", "lost_work", "restart", "checkpoint_stall", "stall_wait", "other"]
+
+
+def beat(step: int, t: float, phase: str = heartbeat.TRAINING, rank: int = 0) -> Beat:
+    return Beat(rank, "h", 1, step, phase, 1, t, 0)
+
+
+def attempt(number, start, seconds, cause, first=None, saves=(), resume=False, world=2) -> list[dict]:
+    """The records of one attempt as sprite writes them, in order."""
+    out = [{"kind": "attempt_start", "attempt": number}]
+    if resume:
+        out.append({"kind": "resume", "path": "ck/x.ckpt", "step": 0})
+    if first is not None:
+        out.append({"kind": "first_step", "attempt": number, "step": 0, "wall": start + first})
+    for step, at, stall, sealed in saves:
+        out.append({"kind": "checkpoint_written", "path": f"ck/{step}", "step": step, "verified": sealed,
+                    "stall_seconds": stall, "resumed_at": start + at, "attempt": number})
+    out.append({"kind": "attempt_end", "attempt": number, "started": start, "seconds": seconds, "cause": cause,
+                "world_size": world})
+    return out
+
+
+def seconds_of(result: dict, world: int = 2) -> dict:
+    return {key: value * 3600 / world for key, value in result["device_hours"].items()}
+
+
+def test_a_killed_rank_splits_into_startup_lost_work_restart_and_productive():
+    # attempt 1: starts at T0, first step at +10, saves at step 8 (+12 resumed, 0.5 s stall), last progress step 14
+    # at +13.5, crash noticed and ended at +15. Attempt 2 at +20: first step at +30, done at +34, ended at +35.
+    records = [*attempt(1, T0, 15.0, "application fault", 10.0, [(8, 12.0, 0.5, True)]),
+               *attempt(2, T0 + 20, 15.0, "success", 10.0, [(16, 12.0, 0.25, True)], resume=True)]
+    beats = {1: [beat(14, T0 + 13.5), beat(13, T0 + 13.2, rank=1)],
+             2: [beat(24, T0 + 34.0, heartbeat.DONE), beat(24, T0 + 34.0, heartbeat.DONE, 1)]}
+    got = seconds_of(goodput.account([(records, beats)]))
+    assert got["restart"] == pytest.approx(10.0)  # attempt 2's relaunch to first step
+    assert got["lost_work"] == pytest.approx(1.5)  # +12 (after the save) to +13.5
+    assert got["checkpoint_stall"] == pytest.approx(0.75)
+    assert got["productive"] == pytest.approx((12.0 - 10.0 - 0.5) + (34.0 - 30.0 - 0.25))
+    assert got["stall_wait"] == 0.0
+    assert got["other"] == pytest.approx(10.0 + 1.5 + 1.0)  # first start-up, crash to end, teardown
+    assert got["total"] == pytest.approx(30.0)
+    assert math.isclose(sum(got[k] for k in goodput.CATEGORIES), got["total"], rel_tol=1e-5)
+
+
+def test_json_has_exactly_the_documented_shape_and_goodput_is_productive_over_total():
+    result = goodput.account([(attempt(1, T0, 100.0, "success", 20.0), {1: [beat(50, T0 + 90, heartbeat.DONE)]})])
+    assert list(result) == ["device_hours", "goodput"] and list(result["device_hours"]) == SHAPE
+    assert result["goodput"] == pytest.approx(0.7, abs=1e-4)
+    assert seconds_of(result)["other"] == pytest.approx(30.0)  # the first start-up is no restart
+
+
+def test_a_stalled_attempt_waits_from_its_last_progress_and_loses_work_since_its_checkpoint():
+    records = attempt(1, T0, 40.0, "stall", 5.0, [(4, 9.0, 1.0, True)])
+    got = seconds_of(goodput.account([(records, {1: [beat(6, T0 + 11.0), beat(6, T0 + 11.0, rank=1)]})]))
+    assert got["stall_wait"] == pytest.approx(29.0)
+    assert got["lost_work"] == pytest.approx(2.0)
+    assert got["productive"] == pytest.approx(3.0)
+    assert got["checkpoint_stall"] == pytest.approx(1.0)
+
+
+def test_a_preemption_save_of_the_last_step_loses_nothing_and_the_requeued_run_restarts():
+    first = attempt(1, T0, 30.0, "preemption", 10.0, [(11, 28.0, 0.5, True)])
+    second = attempt(1, T0 + 100, 20.0, "success", 8.0)
+    runs = [(first, {1: [beat(11, T0 + 29.0, heartbeat.PREEMPTED)]}),
+            (second, {1: [beat(20, T0 + 118.0, heartbeat.DONE)]})]
+    got = seconds_of(goodput.account(runs))
+    assert got["lost_work"] == 0.0
+    assert got["restart"] == pytest.approx(8.0)  # the requeued run's start-up is a restart
+    assert got["productive"] == pytest.approx((28.0 - 10.0 - 0.5) + (118.0 - 108.0))
+
+
+def test_without_a_sealed_checkpoint_everything_the_attempt_trained_is_lost():
+    records = attempt(1, T0, 20.0, "node fault", 5.0, [(8, 9.0, 0.5, False)])  # the save was not sealed
+    got = seconds_of(goodput.account([(records, {1: [beat(10, T0 + 12.0)]})]))
+    assert got["lost_work"] == pytest.approx(12.0 - 5.0 - 0.5) and got["productive"] == 0.0
+
+
+def test_an_attempt_that_never_trained_is_restart_or_other_and_bad_records_count_as_missing():
+    records = [*attempt(1, T0, 10.0, "application fault"), *attempt(2, T0 + 10, 10.0, "application fault")]
+    records.insert(1, {"kind": "first_step", "attempt": 1, "wall": "soon"})
+    got = seconds_of(goodput.account([(records, {})]))
+    assert (got["other"], got["restart"], got["productive"]) == (pytest.approx(10.0), pytest.approx(10.0), 0.0)
+    assert goodput.account([([{"kind": "attempt_end"}, "junk"], {})])["device_hours"]["total"] == 0.0
+
+
+def _trail(run: Path, job_id: str, start: float, time_first: float, cause: str) -> Path:
+    rundir.create(run)
+    trail = run / rundir.AUDIT
+    audit.append(trail, "launch", run_dir=str(run), scheduler="slurm" if job_id else "none", job_id=job_id)
+    for record in attempt(1, start, 10.0, cause, time_first):
+        audit.append(trail, record.pop("kind"), **record)
+    where = rundir.attempt_heartbeats(run, 1)
+    heartbeat.write(where, beat(5, start + 9.0, heartbeat.DONE))
+    return run
+
+
+def test_the_report_covers_every_run_of_a_batch_job_and_only_those(tmp_path):
+    _trail(tmp_path / "a", "77", T0, 2.0, "preemption")
+    _trail(tmp_path / "b", "77", T0 + 50, 3.0, "success")
+    _trail(tmp_path / "c", "78", T0 + 90, 3.0, "success")
+    assert [p.name for p in goodput.job_runs(tmp_path / "b")] == ["a", "b"]
+    assert [p.name for p in goodput.job_runs(_trail(tmp_path / "d", "", T0, 1.0, "success"))] == ["d"]
+    got = seconds_of(cli_goodput.report([str(tmp_path / "b")]), world=2)
+    assert got["total"] == pytest.approx(20.0) and got["restart"] == pytest.approx(3.0)
+    assert got["other"] == pytest.approx(2.0 + 1.0 + 1.0)
+
+
+def test_the_command_prints_json_and_a_table_and_refuses_a_folder_without_a_trail(tmp_path):
+    run = _trail(tmp_path / "r", "", T0, 2.0, "success")
+    done = subprocess.run([sys.executable, "-m", "sprite", "runs", "goodput", str(run), "--json"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert list(result["device_hours"]) == SHAPE and result["goodput"] == pytest.approx(0.7, abs=1e-3)
+    table = subprocess.run([sys.executable, "-m", "sprite", "runs", "goodput", str(run)], capture_output=True,
+                           text=True, check=False).stdout
+    assert "productive" in table and "goodput 70.0%" in table
+    bad = subprocess.run([sys.executable, "-m", "sprite", "runs", "goodput", str(tmp_path)], capture_output=True,
+                         text=True, check=False)
+    assert bad.returncode == 2 and "holds no audit trail" in bad.stderr
+    with pytest.raises(UsageError):
+        cli_goodput.folders([])
+
+
+def test_durations_take_units_and_the_cadence_takes_auto():
+    def complain(what, allowed):
+        return UsageError(what, "", allowed)
+
+    assert [grammar.span(t, complain) for t in ("90", "30s", "10min", "1.5h", "2d")] == [90, 30, 600, 5400, 172800]
+    assert grammar.cadence("auto", complain) == "auto" and grammar.cadence("2s", complain) == "2.0"
+    for bad in ("0", "-1s", "3x", "h", ""):
+        with pytest.raises(UsageError):
+            grammar.span(bad, complain)
+
+
+def test_young_daly_is_the_square_root_of_twice_the_save_cost_times_the_mtbf():
+    from sprite.runtime.ckpt import cadence  # imports lightning
+
+    assert cadence.young_daly(2.0, 3600.0) == pytest.approx(120.0)
+    assert cadence.young_daly(0.5, 86400.0) == pytest.approx(math.sqrt(86400.0))
+    env = {"SPRITE_CHECKPOINT_EVERY": "auto", "SPRITE_MTBF": "3600.0", "SPRITE_KEEP": "3"}
+    assert cadence.settings(env) == ("auto", 3600.0, 3)
+    assert cadence.settings({"SPRITE_CHECKPOINT_EVERY": "2.0"}) == (2.0, None, 2)
+    for broken in ({"SPRITE_CHECKPOINT_EVERY": "auto"}, {"SPRITE_CHECKPOINT_EVERY": "0"},
+                   {"SPRITE_CHECKPOINT_EVERY": "2", "SPRITE_KEEP": "0"}):
+        with pytest.raises(UsageError):
+            cadence.settings(broken)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--checkpoint-every", "auto"], "needs the mean time between failures"),
+    (["--checkpoint-every", "3x"], "is not a duration"),
+    (["--keep", "3"], "saves none"),
+    (["--checkpoint-every", "1h", "--keep", "0"], "--keep"),
+])
+def test_bad_cadence_flags_exit_2_with_the_fix(flags, words, tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    done = subprocess.run([sys.executable, "-m", "sprite", "run", "--dry-run", *flags, str(script)],
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 2 and words in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_the_cadence_reaches_the_ranks_as_contract_variables(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    done = subprocess.run([sys.executable, "-m", "sprite", "run", "--dry-run", "--json", "--checkpoint-every",
+                           "auto", "--mtbf", "24h", "--keep", "3", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, check=False)
+    env = json.loads(done.stdout)["env"]
+    assert (env["SPRITE_CHECKPOINT_EVERY"], env["SPRITE_MTBF"], env["SPRITE_KEEP"]) == ("auto", "86400.0", "3")
+    plain = subprocess.run([sys.executable, "-m", "sprite", "run", "--dry-run", "--json", str(script)],
+                           capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert "SPRITE_CHECKPOINT_EVERY" not in json.loads(plain.stdout)["env"]
+
+
+def test_runs_show_has_a_goodput_section(tmp_path):
+    from sprite.cli import runs as cli_runs
+
+    run = _trail(tmp_path / "r", "", T0, 2.0, "success")
+    assert "goodput 70.0%" in cli_runs.show(run)
+    assert json.loads(cli_runs.show(run, json_out=True))["goodput"]["goodput"] == pytest.approx(0.7, abs=1e-3)
