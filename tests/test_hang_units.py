@@ -262,6 +262,7 @@ def test_the_dumper_dumps_when_no_progress_comes_and_forgets_a_dump_once_progres
         assert dumper.timeout(heart.beat) == 0.3
         time.sleep(1.0)
         text = path.read_text()
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
         assert text.startswith(stacks.HEADER) and "(most recent call first):" in text
         assert "test_the_dumper_dumps_when_no_progress_comes" in text  # this thread's own frame
         dumper.tick(time.monotonic() + 1)  # the recorder's summary is due
@@ -297,6 +298,10 @@ dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://" + te
 dist.all_reduce(torch.ones(3))
 dist.barrier()
 print(json.dumps(recorder.summary()))
+recorder.RECORDER = (recorder.RECORDER[0], "_no_such_dump")
+print(json.dumps(recorder.summary()))
+dist.get_backend = lambda *args: "xccl"
+print(json.dumps(recorder.summary()))
 """
 
 
@@ -305,7 +310,9 @@ def test_the_flight_recorder_records_gloo_collectives_in_this_torch():
     env[stacks.RECORDER_BUFFER] = "20"
     done = subprocess.run([sys.executable, "-c", RECORDER_PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    before, after = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    before, after, missing, xccl = (json.loads(line) for line in done.stdout.splitlines()[-4:])
+    assert missing == {"backend": "gloo", "none": "the flight recorder could not be read (AttributeError)"}
+    assert xccl == {"backend": "xccl", "none": "no flight recorder on XCCL in this torch (torch-xpu-ops issue 5381)"}
     assert before == {"backend": "", "none": "no process group was started"}
     group = after["groups"][0]
     assert after["backend"] == "gloo" and group["last_enqueued"] == group["last_completed"] == 2

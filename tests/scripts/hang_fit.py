@@ -7,6 +7,8 @@
       extra-collective  rank R calls one torch.distributed.barrier() in training_step at step S that no other rank calls
       fifo              rank R reads a FIFO nobody writes (read_fifo) in training_step at step S
       c-loop            rank R runs one long torch op (long_torch_op: matrix_power) in training_step at step S
+      plain-sleep       no Trainer: a plain torch.distributed loop reporting steps with sprite.beat; rank R sleeps
+                        in plain_step at step S
 Every hang prints "rank R hangs: KIND" first.
 """
 
@@ -95,6 +97,28 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def plain_step(args, step, model, x):
+    if args.hang == "plain-sleep" and dist.get_rank() == args.rank and step == args.step:
+        announce(args)
+        time.sleep(3600)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
+def plain(args):
+    import sprite
+
+    dist.init_process_group("gloo")
+    model = nn.Linear(8, 1)
+    for step in range(args.max_steps):
+        plain_step(args, step, model, torch.randn(4, 8))
+        sprite.beat(step)
+    print(f"rank {dist.get_rank()} finished at step {step}", flush=True)
+    dist.destroy_process_group()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--hang", default="none")
@@ -103,6 +127,8 @@ def main():
     p.add_argument("--work", default=".")
     p.add_argument("--max-steps", type=int, default=12)
     a = p.parse_args()
+    if a.hang.startswith("plain"):
+        return plain(a)
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(max_steps=a.max_steps, val_check_interval=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
