@@ -202,3 +202,22 @@ def test_runs_show_has_a_goodput_section(tmp_path):
     run = _trail(tmp_path / "r", "", T0, 2.0, "success")
     assert "goodput 70.0%" in cli_runs.show(run)
     assert json.loads(cli_runs.show(run, json_out=True))["goodput"]["goodput"] == pytest.approx(0.7, abs=1e-3)
+
+
+def test_the_timeline_plot_is_a_new_png_with_every_stretch_and_mark(tmp_path):
+    records = [*attempt(1, T0, 15.0, "application fault", 10.0, [(8, 12.0, 0.5, True)]),
+               *attempt(2, T0 + 20, 15.0, "success", 10.0)]
+    beats = {1: [beat(14, T0 + 13.5)], 2: [beat(24, T0 + 34.0, heartbeat.DONE)]}
+    got = {(row, category, round(a, 3), round(b, 3)) for _, row, a, b, category in cli_goodput.spans([(records, beats)])}
+    assert got == {(0, "other", 0.0, 10.0), (0, "productive", 10.0, 12.0), (0, "lost_work", 12.0, 13.5),
+                   (0, "other", 13.5, 15.0), (0, "checkpoint_stall", 11.5, 12.0), (0, "checkpoint", 12.0, 12.0),
+                   (0, "failure", 15.0, 15.0), (1, "restart", 20.0, 30.0), (1, "productive", 30.0, 34.0),
+                   (1, "other", 34.0, 35.0)}
+    pytest.importorskip("matplotlib")
+    run = _trail(tmp_path / "r", "", T0, 2.0, "success")
+    target = tmp_path / "t.png"
+    assert cli_goodput.plot([str(run), str(target)]) == f"wrote {target}"
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for bad in ([str(run), str(target)], [str(run), str(tmp_path / "t.jpg")], [str(target)]):
+        with pytest.raises(UsageError):
+            cli_goodput.plot(bad)

@@ -28,6 +28,7 @@ HELP = """List the runs in DIR (default ./sprite-runs), or verify one run's audi
   sprite runs verify RUN           # exit 0: trail intact; 1: edited or truncated, with the reason
   sprite runs show RUN             # one run: its summary, where every rank was at a stall, its goodput
   sprite runs goodput RUN --json   # device-hours: productive, lost work, restart, checkpoint stall, ...
+  sprite runs plot RUN tl.png      # the goodput timeline as a PNG (the plot extra)
 """
 
 
@@ -142,7 +143,7 @@ def _table(rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body])
 
 
-def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or: verify RUN, or: goodput RUN..."),
+def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or: verify RUN, show RUN, goodput RUN..., plot RUN... FILE.png"),
          json_out: bool = typer.Option(False, "--json", help="print JSON")) -> int:
     args = list(args or [])
     if args[:1] == ["verify"]:
@@ -151,10 +152,10 @@ def runs(args: Optional[List[str]] = typer.Argument(None, help="DIR to list, or:
         reason = verify(Path(args[1]))
         typer.echo(json.dumps({"intact": True, "reason": reason}) if json_out else f"intact: {reason}")
         return 0
-    if args[:1] == ["goodput"]:
+    if args[:1] in (["goodput"], ["plot"]):
         from sprite.cli import goodput
 
-        typer.echo(goodput.main(args[1:], json_out))
+        typer.echo(goodput.main(args[1:], json_out) if args[0] == "goodput" else goodput.plot(args[1:]))
         return 0
     if args[:1] == ["show"]:
         if len(args) != 2:

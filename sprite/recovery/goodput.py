@@ -90,39 +90,47 @@ def attempts(records: list[dict]) -> list[Attempt]:
     return [a for a in found.values() if a.ended]
 
 
-def split(attempt: Attempt, beats: list, relaunch: bool) -> dict:
-    """Seconds of ``attempt`` per category (module docstring); ``beats``: its ranks' last Beats."""
-    out = dict.fromkeys(CATEGORIES, 0.0)
-    start, total = attempt.started, attempt.seconds
-    stop = start + total
-    relaunch = relaunch or attempt.resumed
-    first = attempt.first
+def marks(attempt: Attempt, beats: list) -> dict | None:
+    """The wall times that split ``attempt``: ``first`` step, ``last`` progress, ``lost_from`` (None: nothing
+    lost) and the ``saves`` in between; None when it never trained."""
+    start, stop, first = attempt.started, attempt.started + attempt.seconds, attempt.first
     if first is None or not start <= first <= stop:
-        out["restart" if relaunch else "other"] = total
-        return out
-    last = max((b.time for b in beats), default=stop)
+        return None
+    last = min(max(max((b.time for b in beats), default=stop), first), stop)
     last_step = max((b.step for b in beats), default=-1)
-    last = min(max(last, first), stop)
     saves = [s for s in attempt.saves if first <= s.resumed_at <= last + 1e-3]
-    lost = 0.0
+    lost_from = None
     if attempt.cause != classify.SUCCESS:
         sealed = [s for s in saves if s.sealed]
         base = sealed[-1] if sealed else None
         if base is not None and base.step >= last_step:  # it holds the last step (a preemption save)
             last = base.resumed_at  # what follows (the background write, leaving) is the end of the attempt
         else:
-            since = base.resumed_at if base else first
-            later = math.fsum(s.stall for s in saves if s.resumed_at > since)
-            lost = max(0.0, last - since - later)
+            lost_from = base.resumed_at if base else first
+    return {"first": first, "last": last, "lost_from": lost_from, "saves": saves}
+
+
+def split(attempt: Attempt, beats: list, relaunch: bool) -> dict:
+    """Seconds of ``attempt`` per category (module docstring); ``beats``: its ranks' last Beats."""
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    head = "restart" if relaunch or attempt.resumed else "other"
+    times = marks(attempt, beats)
+    if times is None:
+        out[head] = attempt.seconds
+        return out
+    first, last, since, saves = times["first"], times["last"], times["lost_from"], times["saves"]
     stall = min(math.fsum(s.stall for s in saves), last - first)
+    lost = 0.0
+    if since is not None:
+        lost = max(0.0, last - since - math.fsum(s.stall for s in saves if s.resumed_at > since))
     lost = min(lost, last - first - stall)
-    out["restart" if relaunch else "other"] = first - start
+    out[head] = first - attempt.started
     out["checkpoint_stall"] = stall
     out["lost_work"] = lost
     out["productive"] = max(0.0, last - first - stall - lost)
     if attempt.cause == classify.STALL:
-        out["stall_wait"] = stop - last
-    out["other"] += max(0.0, total - math.fsum(out[c] for c in CATEGORIES))
+        out["stall_wait"] = attempt.started + attempt.seconds - last
+    out["other"] += max(0.0, attempt.seconds - math.fsum(out[c] for c in CATEGORIES))
     return out
 
 

@@ -8,6 +8,7 @@ disk. Nothing here talks to another rank. A heartbeat that cannot be written nev
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
@@ -35,6 +36,13 @@ class Heart:
         self._lock, self._dirty, self._warned = threading.Lock(), False, False
         self._flush()
         threading.Thread(target=self._loop, name="sprite-heartbeat", daemon=True).start()
+        atexit.register(self._last)
+
+    def _last(self) -> None:
+        """At exit (a failing rank too): write the step the background thread had not written yet, so the
+        heartbeat holds the rank's last progress (goodput's lost work after a crash)."""
+        if self._dirty:
+            self._flush()
 
     def update(self, phase: Optional[str] = None, step: Optional[int] = None) -> None:
         with self._lock:
