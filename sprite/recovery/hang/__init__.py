@@ -43,9 +43,11 @@ def collect(folder: Path, world_size: int, hosts: dict[int, str], wait: float = 
 
     states = {}
     for rank, dump in dumps.items():
-        recorder, seq = places.collectives(read_collectives(folder, rank)) if dump.dumped else ("", None)
+        summary = read_collectives(folder, rank) if dump.dumped else None
+        recorder, seq = places.collectives(summary)
         host = hosts.get(rank) or str(dump.header.get("host", ""))
-        states[rank] = RankState(rank, host, places.of(dump if dump.dumped else None, quote), recorder, seq)
+        states[rank] = RankState(rank, host, places.of(dump if dump.dumped else None, quote), recorder, seq,
+                                 places.pending(summary))
     return diagnose.diagnose(states)
 
 

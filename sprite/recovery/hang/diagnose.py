@@ -3,8 +3,9 @@
 Ranks whose phrase (where.py) and flight recorder state are the same form one group, so 12 or 12,000 ranks give
 a few lines. The likely culprit, tried in this order:
 
-1. some ranks wait for the others (in a collective, or in backward where DDP all-reduces) while the rest are
-   elsewhere: the ranks elsewhere, since the others wait for them;
+1. some ranks wait for the others (in a collective, in backward where DDP all-reduces, or with a collective the
+   flight recorder shows unfinished) while the rest are elsewhere: the ranks elsewhere, since the others wait
+   for them;
 2. every rank waits and the flight recorder gives each one's sequence number: the ranks furthest behind;
 3. every rank waits, in different places, and only some called their collective from their own code: those
    (a collective the others never reached);
@@ -34,6 +35,11 @@ class RankState:
     where: Where
     recorder: str = ""  # the flight recorder's phrase (where.collectives)
     seq: int | None = None  # the default group's last enqueued collective
+    pending: bool = False  # the flight recorder shows a collective of this rank not completed
+
+    @property
+    def waiting(self) -> bool:
+        return self.where.kind in WAITING or self.pending
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ def groups(states: dict[int, RankState]) -> list[list[RankState]]:
 def culprits(states: dict[int, RankState]) -> tuple[set[int], str]:
     """The likely culprit ranks and why, by the module docstring's rules; (set(), "") when none is named."""
     known = {rank: s for rank, s in states.items() if s.where.kind != NONE}
-    waiting = {rank for rank, s in known.items() if s.where.kind in WAITING}
+    waiting = {rank for rank, s in known.items() if s.waiting}
     elsewhere = set(known) - waiting
     if waiting and elsewhere:
         return elsewhere, "not in a collective while the others wait in one"
@@ -91,7 +97,7 @@ def diagnose(states: dict[int, RankState]) -> Diagnosis:
         text += group[0].where.text + (f"; collectives: {group[0].recorder}" if group[0].recorder else "")
         if ranks[0] in named:
             text += f" <- the likely culprit: {reason}"
-        elif named and group[0].where.kind in WAITING:
+        elif named and group[0].waiting:
             text += f", for {'rank' if len(named) == 1 else 'ranks'} {ranges(named)}"
         lines.append(one_line(text, LINE_MAX))
     if len(found) > MAX_GROUPS:

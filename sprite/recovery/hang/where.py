@@ -125,3 +125,13 @@ def collectives(summary: dict | None) -> tuple[str, int | None]:
         name = "" if str(group.get("pg")) == "0" else f" on group {group.get('name') or group.get('pg')}"
         parts.append(f"{what}{name} {state}")
     return "; ".join(parts[:3]), seq
+
+
+def pending(summary: dict | None) -> bool:
+    """Whether the flight recorder shows a collective this rank started and that has not completed: the rank
+    waits for others even when its stack shows no collective (NCCL's calls return at once; the rank blocks
+    later, at its next synchronisation)."""
+    groups = summary.get("groups") if isinstance(summary, dict) else None
+    return any(isinstance(g, dict) and isinstance(g.get("last_enqueued"), int)
+               and isinstance(g.get("last_completed"), int) and g["last_enqueued"] > g["last_completed"]
+               for g in groups or [])
