@@ -51,6 +51,7 @@ class Launch:
     def _read(self):
         for line in iter(self.proc.stdout.readline, ""):
             self.lines.append((time.monotonic(), line.rstrip("\n")))
+        self.ended = time.monotonic()  # sprite exited (the ranks' output reaches this pipe only through sprite)
 
     def wait(self, timeout: float) -> None:
         try:
@@ -58,7 +59,6 @@ class Launch:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.ended = time.monotonic()
         self.reader.join(timeout=5)
 
     @property

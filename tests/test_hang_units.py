@@ -339,4 +339,21 @@ def test_the_recorder_dump_is_listed_with_the_private_torch_names(name):
     from sprite.runtime.ckpt import torch_names
     from sprite.runtime.hang import recorder
 
-    assert recorder.RECORDER in [(module, attr) for module, attr, _ in torch_names.PRIVATE] and recorder.RECORDER[1] == name
+    assert recorder.RECORDER[1] == name
+    assert recorder.RECORDER in [(module, attr) for module, attr, _ in torch_names.PRIVATE]
+
+
+def test_a_failing_diagnosis_never_keeps_the_watchdog_from_stopping_the_run(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from sprite.recovery import attempt
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(hang, "collect", broken)
+    watcher = attempt.Watcher(SimpleNamespace(limits=Limits(0.01, 0.01, 0.01)), tmp_path, 2, None, tmp_path)
+    time.sleep(0.05)
+    stop = watcher().splitlines()
+    assert stop[0].startswith("sprite: error: Stopped the run") and watcher.diagnosis is None
+    assert stop[1] == f"sprite: stall: no diagnosis (ValueError: a bug); the ranks' stacks are in {tmp_path}/"

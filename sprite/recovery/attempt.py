@@ -11,7 +11,7 @@ from sprite import contract
 from sprite.launch import execute
 from sprite.contract import heartbeat
 from sprite.recovery import rundir
-from sprite.errors import EXIT_PREEMPTED, EXIT_STALLED, SpriteError, report
+from sprite.errors import EXIT_PREEMPTED, EXIT_STALLED, SpriteError, one_line, report
 from sprite.launch.plan import LaunchPlan
 from sprite.recovery import child, classify, hang, policy
 from sprite.recovery.session import Run
@@ -44,8 +44,13 @@ class Watcher:
             return None
         stop = [report(SpriteError(self.stall.message()))]
         if self.stacks is not None:  # where every rank was: the ranks dumped their own stacks (issue 27)
-            self.diagnosis = hang.collect(self.stacks, self.watch.world_size, {r: b.host for r, b in beats.items()})
-            stop += hang.lines(self.diagnosis, self.stacks)
+            try:
+                self.diagnosis = hang.collect(self.stacks, self.watch.world_size,
+                                              {r: b.host for r, b in beats.items()})
+                stop += hang.lines(self.diagnosis, self.stacks)
+            except Exception as err:  # noqa: BLE001 (a fault of the diagnosis never keeps sprite from stopping the run)
+                stop.append(f"sprite: stall: no diagnosis ({type(err).__name__}: {one_line(str(err), 200)}); "
+                            f"the ranks' stacks are in {self.stacks}/")
         return "\n".join(stop)
 
     def _output(self) -> int | None:
