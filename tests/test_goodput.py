@@ -221,3 +221,31 @@ def test_the_timeline_plot_is_a_new_png_with_every_stretch_and_mark(tmp_path):
     for bad in ([str(run), str(target)], [str(run), str(tmp_path / "t.jpg")], [str(target)]):
         with pytest.raises(UsageError):
             cli_goodput.plot(bad)
+
+
+def test_auto_recomputes_the_interval_only_when_the_save_stall_changes_by_more_than_half(monkeypatch):
+    from sprite.runtime import trail
+    from sprite.runtime.ckpt import cadence
+
+    seen = []
+    monkeypatch.setattr(trail, "audit", lambda kind, **fields: seen.append((kind, fields)))
+    monkeypatch.setattr(trail, "say", lambda message: None)
+    hook = cadence.Cadence({"SPRITE_RUN_DIR": "x", "SPRITE_CHECKPOINT_EVERY": "auto", "SPRITE_MTBF": "7200"})
+    for stall in (2.0, 2.9, 1.1, 3.5, 0.5):
+        hook._retune(stall)
+    assert [f["save_seconds"] for _, f in seen] == [2.0, 3.5, 0.5]
+    assert all(kind == "checkpoint_interval" and f["seconds"] == pytest.approx(math.sqrt(2 * f["save_seconds"] *
+               7200), rel=1e-3) and f["mtbf_hours"] == 2.0 for kind, f in seen)
+    assert hook.interval == pytest.approx(math.sqrt(2 * 0.5 * 7200))
+
+
+def test_a_site_profile_gives_the_mtbf(tmp_path):
+    profile = tmp_path / "site.yaml"
+    profile.write_text("name: mysite\ndescription: t\nscheduler: none\njob:\n  mtbf: 12h\n")
+    script = tmp_path / "t.py"
+    script.write_text("")
+    done = subprocess.run([sys.executable, "-m", "sprite", "run", "--dry-run", "--json", "--site", str(profile),
+                           "--checkpoint-every", "auto", str(script)], capture_output=True, text=True, cwd=tmp_path,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["env"]["SPRITE_MTBF"] == "43200.0"

@@ -10,10 +10,11 @@ redone), not from sprite's records:
   from the hang to the attempt's end is stall wait;
 - preemption: SIGUSR1 to rank 0 at step 10 (the ranks save and exit 75), then a second `sprite run --resume
   auto`; both runs together: nothing lost, the second run's start-up is restart;
-- cadence: ``--checkpoint-every 2s`` on a script with ``enable_checkpointing=False``, rank 1 killed at step 14:
-  sealed clock checkpoints, and attempt 2 resumes from one;
-- auto: ``--checkpoint-every auto --mtbf 36s --keep 1``: the recorded interval is Young/Daly's, and one clock
-  checkpoint is left.
+- cadence: ``--checkpoint-every 2s --keep 1`` on a script with ``enable_checkpointing=False``, rank 1 killed at
+  step 14: sealed clock checkpoints in ``<default_root_dir>/checkpoints``, attempt 2 resumes from one, and its
+  own save then replaces the one attempt 1 left;
+- auto: ``--checkpoint-every auto --mtbf 36s --keep 1`` on a script whose ModelCheckpoint (every 100 steps)
+  names a folder: the recorded interval is Young/Daly's, the saves go into that folder, one is left.
 Each category within 10% of the truth (lost work also within one step), the sum equal to the total.
 """
 
@@ -66,10 +67,10 @@ def scenarios(sprite_cmd, tmp_path_factory):
                       ["--max-steps", "40", "--every", "4", "--hang-at-step", "6"]),
         "preempt": [_run(sprite_cmd, env, root, "preempt", RELAXED, ["--max-steps", "16", "--every", "4",
                                                                   "--preempt-at-step", "10"]) for _ in range(2)],
-        "cadence": _run(sprite_cmd, env, root, "cadence", ["--retries", "1", "--checkpoint-every", "2s", *RELAXED],
+        "cadence": _run(sprite_cmd, env, root, "cadence", ["--retries", "1", "--checkpoint-every", "2s", "--keep", "1", *RELAXED],
                         ["--max-steps", "20", "--every", "0", "--kill-at-step", "14"]),
         "auto": _run(sprite_cmd, env, root, "auto", ["--checkpoint-every", "auto", "--mtbf", "36s", "--keep", "1", *RELAXED],
-                     ["--max-steps", "20", "--every", "0"]),
+                     ["--max-steps", "20", "--every", "100"]),
     }
     return found
 
@@ -161,7 +162,8 @@ def test_checkpoint_every_saves_sealed_checkpoints_that_resume_auto_continues_fr
     written = records(found["run"], "checkpoint_written")
     assert written and all(r["verified"] and "sprite-every-step=" in r["path"] for r in written)
     kept = sorted((found["out"] / "checkpoints").glob("sprite-every-step=*.ckpt"))
-    assert kept and all(integrity.verify(path).valid for path in kept)
+    assert [str(path) for path in kept] == [written[-1]["path"]] and integrity.verify(kept[0]).valid
+    assert written[-1]["attempt"] == 2 and any(r["attempt"] == 1 for r in written)  # --keep 1 across attempts
     resumed = records(found["run"], "resume")
     assert len(resumed) == 1 and "sprite-every-step=" in resumed[0]["path"]
     log = steps(found["out"])
@@ -181,5 +183,5 @@ def test_auto_records_young_daly_and_keeps_the_newest_of_its_own(scenarios):
     first_save = records(found["run"], "checkpoint_written")[0]
     assert first_save["stall_seconds"] <= chosen[0]["save_seconds"] <= first_save["stall_seconds"] + 0.05
     written = [r["path"] for r in records(found["run"], "checkpoint_written")]
-    kept = sorted(str(p) for p in (found["out"] / "checkpoints").glob("sprite-every-step=*.ckpt"))
+    kept = sorted(str(p) for p in (found["out"] / "ck").glob("sprite-every-step=*.ckpt"))
     assert len(written) >= 2 and kept == [written[-1]]

@@ -37,6 +37,7 @@ Examples:
   sprite run --dry-run --json --devices 2 train.py            # print the plan, run nothing
   sprite run --secret WANDB_API_KEY --devices 2 train.py      # a secret from this shell, never in argv
   sprite run --stage auto --nodes 64 train.py                 # ranks import from a node-local copy
+  sprite run --retries 3 --resume auto --checkpoint-every 30min train.py  # sprite saves every 30 min
 """
 
 

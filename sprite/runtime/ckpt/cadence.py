@@ -9,9 +9,9 @@ every save is) at the first optimizer-step boundary after each interval, whether
 ModelCheckpoint and even with ``enable_checkpointing=False``, into the script's checkpoint folder (its first
 ModelCheckpoint's, else ``<default_root_dir>/checkpoints``), where ``--resume auto`` looks. Only rank 0's clock
 decides; every rank learns the decision from one one-element MAX all-reduce per optimizer step (as the preemption
-check pays; a world of one rank skips it). It keeps the newest ``SPRITE_KEEP`` (default 2) of the checkpoints this
-process saved, and removes older ones only after the newer is sealed (``durable.remove_later``); nothing else is
-ever removed.
+check pays; a world of one rank skips it). It keeps the newest ``SPRITE_KEEP`` (default 2) of the clock
+checkpoints of this run (this process's, and the sealed ones earlier attempts recorded in the run's audit trail),
+and removes older ones only after the newer is sealed (``durable.remove_later``); nothing else is ever removed.
 
 ``auto``: the interval is Young/Daly's sqrt(2 x C x MTBF) with C the measured stall of the first save (made at the
 first step boundary) and MTBF from ``SPRITE_MTBF``; it is recomputed whenever a save's stall differs from the C in
@@ -79,7 +79,8 @@ class Cadence(Callback):
         self.started = False
         self.last = 0.0
         self.checked_step = -1
-        self.mine: list[str] = []
+        self.mine: list[str] = []  # this run's clock checkpoints, oldest first
+        self.seeded = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.started:
@@ -116,11 +117,28 @@ class Cadence(Callback):
         trail.say(f"checkpoint every {self.interval:.1f} s (Young/Daly: save stall {stall:.3f} s, MTBF "
                   f"{self.mtbf / 3600:.2f} h)")
 
+    def _earlier(self, folder: Path) -> list[str]:
+        """Clock checkpoints earlier attempts of this run saved in ``folder`` and that still exist, oldest first
+        (from the run's audit trail: sprite's own saves, never another file)."""
+        from sprite.integrity import audit
+
+        run_dir = os.environ.get(contract.RUN_DIR, "").strip()
+        try:
+            records = audit.read(os.path.join(run_dir, trail.AUDIT_NAME)) if run_dir else []
+        except (OSError, ValueError):
+            return []
+        paths = [r.get("path") for r in records if r.get("kind") == "checkpoint_written" and r.get("verified")]
+        return [p for p in dict.fromkeys(paths) if isinstance(p, str) and Path(p).parent == folder and
+                Path(p).name.startswith(PREFIX + "-") and os.path.lexists(p)]
+
     def _prune(self, trainer) -> None:
-        """Remove this process's own clock checkpoints beyond the newest ``keep``, once the newest is sealed."""
+        """Remove this run's own clock checkpoints beyond the newest ``keep``, once the newest is sealed."""
         from sprite import integrity
         from sprite.runtime.ckpt import durable
 
+        if not self.seeded and trainer.is_global_zero:  # the first save of this process
+            self.seeded = True
+            self.mine[:0] = [p for p in self._earlier(Path(self.mine[0]).parent) if p != self.mine[0]]
         while len(self.mine) > self.keep:
             old = self.mine.pop(0)
 
