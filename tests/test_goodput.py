@@ -105,12 +105,16 @@ def test_an_attempt_that_never_trained_is_restart_or_other_and_bad_records_count
     assert goodput.account([([{"kind": "attempt_end"}, "junk"], {})])["device_hours"]["total"] == 0.0
 
 
-def _trail(run: Path, job_id: str, start: float, time_first: float, cause: str) -> Path:
+def _trail(run: Path, job_id: str, start: float, time_first: float, cause: str, scheduler: str = "slurm",
+           answer: str = "") -> Path:
     rundir.create(run)
     trail = run / rundir.AUDIT
-    audit.append(trail, "launch", run_dir=str(run), scheduler="slurm" if job_id else "none", job_id=job_id)
+    audit.append(trail, "launch", run_dir=str(run), scheduler=scheduler if job_id else "none", job_id=job_id)
     for record in attempt(1, start, 10.0, cause, time_first):
         audit.append(trail, record.pop("kind"), **record)
+    if answer:
+        audit.append(trail, "requeue", requested=True, accepted=True, scheduler=scheduler, job_id=job_id,
+                     command=["qsub"], exit_code=0, answer=answer)
     where = rundir.attempt_heartbeats(run, 1)
     heartbeat.write(where, beat(5, start + 9.0, heartbeat.DONE))
     return run
@@ -249,3 +253,13 @@ def test_a_site_profile_gives_the_mtbf(tmp_path):
                           check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["env"]["SPRITE_MTBF"] == "43200.0"
+
+
+def test_a_pbs_requeue_under_a_new_job_id_is_linked_through_the_requeue_answer(tmp_path):
+    _trail(tmp_path / "a", "100.pbs", T0, 2.0, "preemption", "pbs", answer="101.pbs")
+    _trail(tmp_path / "b", "101.pbs", T0 + 50, 3.0, "preemption", "pbs", answer="102.pbs")
+    _trail(tmp_path / "c", "102.pbs", T0 + 90, 3.0, "success", "pbs")
+    _trail(tmp_path / "d", "103.pbs", T0 + 99, 3.0, "success", "pbs")
+    for name in "abc":
+        assert [p.name for p in goodput.job_runs(tmp_path / name)] == ["a", "b", "c"]
+    assert [p.name for p in goodput.job_runs(tmp_path / "d")] == ["d"]

@@ -164,20 +164,36 @@ def job_of(records: list[dict]) -> tuple[str, str] | None:
     return (str(scheduler), job) if isinstance(job, str) and job else None
 
 
+def _next_jobs(records: list[dict]) -> set[str]:
+    """Job ids a run's accepted requeue named in the scheduler's answer: PBS submits the script again as a new
+    job (``qsub`` prints its id), Slurm keeps the id."""
+    answers = [r.get("answer") for r in records if r.get("kind") == "requeue" and r.get("accepted") is True]
+    return {token for answer in answers if isinstance(answer, str) for token in answer.split()}
+
+
 def job_runs(run: Path) -> list[Path]:
-    """``run`` and every run folder beside it from the same batch job (its requeues), oldest launch first."""
-    job = job_of(audit.read(run / rundir.AUDIT))
-    if job is None:
+    """``run`` and every run folder beside it from the same batch job, oldest launch first: the same scheduler
+    and job id (Slurm requeues keep it), or linked by a requeue that submitted the job again under a new id (PBS),
+    either way round."""
+    here = audit.read(run / rundir.AUDIT)
+    if job_of(here) is None:
         return [run]
-    found = []
+    found = {}
     for other in sorted(run.parent.iterdir()):
         trail = other / rundir.AUDIT
         if other.is_symlink() or not trail.is_file():
             continue
         try:
-            records = audit.read(trail)
+            found[other] = audit.read(trail)
         except (OSError, IntegrityError):
             continue
-        if job_of(records) == job:
-            found.append((str(records[0].get("time", "")) if records else "", other))
-    return [path for _, path in sorted(found)] or [run]
+    found[run] = here
+    group, grew = {run}, True
+    while grew:  # every run linked to one in the group, until nothing new joins
+        jobs = {job_of(found[path]) for path in group}
+        nexts = set().union(*(_next_jobs(found[path]) for path in group))
+        joined = {path for path, records in found.items() if path not in group and job_of(records) is not None and
+                  (job_of(records) in jobs or job_of(records)[1] in nexts or
+                   {job[1] for job in jobs} & _next_jobs(records))}
+        group, grew = group | joined, bool(joined)
+    return sorted(group, key=lambda path: (str(found[path][0].get("time", "")) if found[path] else "", str(path)))
