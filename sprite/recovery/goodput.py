@@ -12,13 +12,15 @@ last heartbeats (the last step and when it was reached):
 - ``checkpoint_stall``: the time the training loop waited for each save (``stall_seconds``).
 - ``lost_work``: in an attempt that did not succeed (a failure, a stall, a preemption), the training time after
   the last sealed checkpoint of the attempt (or, with none, after its first step) up to its last progress: steps
-  that are redone, or never counted. Nothing when that checkpoint holds the last step (a preemption save).
+  that are redone, or never counted. Nothing when that checkpoint holds the last step (a preemption save); the
+  attempt's training then ends when that save returned, and its background write and the ranks' exit are other.
 - ``stall_wait``: in a stalled attempt, from the last progress to the attempt's end.
 - ``productive``: the rest of the time from the first step to the last progress.
 - ``other``: what is left (the first start-up, the time from a crash to its detection, the end of a fit), so the
   categories sum to the total exactly.
 
-An attempt without a ``first_step`` record never trained: all of it is restart (a relaunch) or other.
+An attempt without a ``first_step`` record never trained (or ran no Lightning Trainer fit): all of it is restart
+(a relaunch) or other. An attempt without an ``attempt_end`` record (still running) is left out.
 Records of the wrong type count as missing; any trail gives an answer.
 """
 
