@@ -263,3 +263,24 @@ def test_a_pbs_requeue_under_a_new_job_id_is_linked_through_the_requeue_answer(t
     for name in "abc":
         assert [p.name for p in goodput.job_runs(tmp_path / name)] == ["a", "b", "c"]
     assert [p.name for p in goodput.job_runs(tmp_path / "d")] == ["d"]
+
+
+def test_the_ranks_agree_about_twenty_times_an_interval_at_the_same_steps(monkeypatch):
+    from types import SimpleNamespace
+
+    from sprite.runtime.ckpt import cadence
+
+    assert cadence.spacing(0.0, 0.1) == 1 and cadence.spacing(2.0, 0.25) == 1
+    assert cadence.spacing(1800.0, 1.0) == 90 and cadence.spacing(86400.0, 0.001) == cadence.MAX_SPACING
+    hook = cadence.Cadence({"SPRITE_RUN_DIR": "x", "SPRITE_CHECKPOINT_EVERY": "20"})
+    agreed = []
+    monkeypatch.setattr(hook, "_agree", lambda trainer, due, step, interval: agreed.append(trainer.global_step)
+                        or (False, 0.1, 20.0))
+    monkeypatch.setattr(cadence.trail, "audit", lambda kind, **fields: None)
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, world_size=2)
+    hook.on_train_batch_start(trainer, None, None, 0)
+    for step in range(1, 40):
+        trainer.global_step = step
+        hook.on_train_batch_end(trainer, None, None, None, step)
+        hook.on_train_batch_end(trainer, None, None, None, step)  # no optimizer step: no check
+    assert agreed == [1, 11, 21, 31]  # 20 s / (20 x 0.1 s) = every 10 steps after the first

@@ -85,8 +85,8 @@ def run(
     resume: Optional[str] = typer.Option(None, "--resume", help="never (default), auto (the newest checkpoint whose"
                                          " manifest verifies) or a checkpoint PATH, passed to Trainer.fit"),
     checkpoint_every: Optional[str] = typer.Option(
-        None, "--checkpoint-every", metavar="DURATION|auto", help="sprite saves a sealed checkpoint at the first "
-        "step boundary after every DURATION (30s, 10min, 1h), even without the script's own; auto: Young/Daly "
+        None, "--checkpoint-every", metavar="DURATION|auto", help="sprite saves a sealed checkpoint at a step "
+        "boundary after every DURATION (30s, 10min, 1h), even without the script's own; auto: Young/Daly "
         "from the first save's stall and --mtbf"),
     mtbf: Optional[str] = typer.Option(None, "--mtbf", metavar="DURATION", help="mean time between failures for "
                                        "--checkpoint-every auto (e.g. 24h); default: the site profile's"),
