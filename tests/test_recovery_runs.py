@@ -97,7 +97,7 @@ def test_a_rank_sleeping_in_training_step_ends_the_run_with_124(sprite_cmd, clea
     assert sprite.when("sprite: run stalled") - sprite.when("rank 1 sleeps in training_step") < 4 + 10
     assert sprite.left_running() == []
     kinds = [r["kind"] for r in _records(run_dir)]
-    assert kinds == ["launch", "attempt_start", "stall", "attempt_end", "completion"]  # a uniform stall: no relaunch
+    assert kinds == ["launch", "attempt_start", "first_step", "stall", "attempt_end", "completion"]  # no relaunch
     assert _records(run_dir)[-1]["status"] == "stalled"
 
 
