@@ -143,6 +143,22 @@ def state(rank: int, kind: str, text: str = "", seq: int | None = None, direct: 
     return dg.RankState(rank, host, places.Where(kind, text or kind, direct), f"#{seq}" if seq else "", seq)
 
 
+def test_rule_0_the_ranks_still_in_the_script_when_others_finished_it():
+    guarded = (frame(C10D, 3400, "broadcast_object_list"), frame(WRAP, 83, "wrapper"),
+               frame(f"{LIB}/lightning/pytorch/strategies/model_parallel.py", 227, "broadcast"),
+               frame(f"{LIB}/lightning/pytorch/trainer/trainer.py", 1400, "save_checkpoint"))
+    saving = places.of(parse(dump(*guarded)), quote=lambda f: "trainer.save_checkpoint(path)" if f.line == 90 else "")
+    assert saving.text == ("waiting in broadcast_object_list called from broadcast (model_parallel.py:227) under "
+                           "main (train.py:90: trainer.save_checkpoint(path))")
+    states = {0: dg.RankState(0, "n1", saving, pending=True),
+              1: dg.RankState(1, "n1", places.Where(places.LIBRARY, "in _wait_count (finish.py:30)"), done=True)}
+    found = dg.diagnose(states)
+    assert found.culprits == (0,) and found.reason == "still in the script after the other ranks finished it"
+    assert found.lines[1] == "rank 1 on n1: done with the script, in _wait_count (finish.py:30), for rank 0"
+    states[0] = replace(states[0], done=True)
+    assert dg.culprits(states) == (set(), "")  # every rank done: rule 0 does not apply
+
+
 def test_rule_1_the_ranks_elsewhere_while_the_others_wait():
     states = {r: state(r, places.COLLECTIVE, "waiting in all_reduce") for r in range(4)}
     states[3] = state(3, places.USER, "stuck in training_step")

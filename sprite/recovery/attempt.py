@@ -46,7 +46,8 @@ class Watcher:
         if self.stacks is not None:  # where every rank was: the ranks dumped their own stacks (issue 27)
             try:
                 self.diagnosis = hang.collect(self.stacks, self.watch.world_size,
-                                              {r: b.host for r, b in beats.items()})
+                                              {r: b.host for r, b in beats.items()},
+                                              done=frozenset(r for r, b in beats.items() if b.phase == heartbeat.DONE))
                 stop += hang.lines(self.diagnosis, self.stacks)
             except Exception as err:  # noqa: BLE001 (a fault of the diagnosis never keeps sprite from stopping the run)
                 stop.append(f"sprite: stall: no diagnosis ({type(err).__name__}: {one_line(str(err), 200)}); "

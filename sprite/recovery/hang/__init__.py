@@ -23,9 +23,10 @@ WAIT = 3.0  # seconds the watchdog waits at most for ranks that have not dumped 
 
 
 def collect(folder: Path, world_size: int, hosts: dict[int, str], wait: float = WAIT,
-            clock=time.monotonic, sleep=time.sleep) -> Diagnosis:
-    """The diagnosis from the stack files in ``folder`` (``hosts``: rank -> host from the heartbeats), after
-    waiting up to ``wait`` seconds for every rank's dump."""
+            clock=time.monotonic, sleep=time.sleep, done: frozenset = frozenset()) -> Diagnosis:
+    """The diagnosis from the stack files in ``folder`` (``hosts``: rank -> host from the heartbeats; ``done``:
+    the ranks whose heartbeat says they finished the script), after waiting up to ``wait`` seconds for every
+    rank's dump."""
     deadline, dumps = clock() + wait, {}
     while True:
         for rank in range(world_size):
@@ -47,7 +48,7 @@ def collect(folder: Path, world_size: int, hosts: dict[int, str], wait: float = 
         recorder, seq = places.collectives(summary)
         host = hosts.get(rank) or str(dump.header.get("host", ""))
         states[rank] = RankState(rank, host, places.of(dump if dump.dumped else None, quote), recorder, seq,
-                                 places.pending(summary))
+                                 places.pending(summary), rank in done)
     return diagnose.diagnose(states)
 
 

@@ -3,6 +3,8 @@
 Ranks whose phrase (where.py) and flight recorder state are the same form one group, so 12 or 12,000 ranks give
 a few lines. The likely culprit, tried in this order:
 
+0. some ranks finished the script (their heartbeat says done) and others did not: the others, since the
+   finished ranks will never join them (a collective under a rank guard, such as a save by rank 0 alone);
 1. some ranks wait for the others (in a collective, in backward where DDP all-reduces, or with a collective the
    flight recorder shows unfinished) while the rest are elsewhere: the ranks elsewhere, since the others wait
    for them;
@@ -36,10 +38,15 @@ class RankState:
     recorder: str = ""  # the flight recorder's phrase (where.collectives)
     seq: int | None = None  # the default group's last enqueued collective
     pending: bool = False  # the flight recorder shows a collective of this rank not completed
+    done: bool = False  # the rank's heartbeat says it finished the script
 
     @property
     def waiting(self) -> bool:
-        return self.where.kind in WAITING or self.pending
+        return self.where.kind in WAITING or self.pending or self.done
+
+    @property
+    def text(self) -> str:
+        return ("done with the script, " if self.done else "") + self.where.text
 
 
 @dataclass(frozen=True)
@@ -53,13 +60,16 @@ def groups(states: dict[int, RankState]) -> list[list[RankState]]:
     """Ranks with the same phrase and recorder state, each group in rank order, groups by their first rank."""
     found: dict[tuple[str, str], list[RankState]] = {}
     for state in sorted(states.values(), key=lambda s: s.rank):
-        found.setdefault((state.where.text, state.recorder), []).append(state)
+        found.setdefault((state.text, state.recorder), []).append(state)
     return sorted(found.values(), key=lambda group: group[0].rank)
 
 
 def culprits(states: dict[int, RankState]) -> tuple[set[int], str]:
     """The likely culprit ranks and why, by the module docstring's rules; (set(), "") when none is named."""
-    known = {rank: s for rank, s in states.items() if s.where.kind != NONE}
+    known = {rank: s for rank, s in states.items() if s.where.kind != NONE or s.done}
+    done = {rank for rank, s in known.items() if s.done}
+    if done and len(done) < len(known):
+        return set(known) - done, "still in the script after the other ranks finished it"
     waiting = {rank for rank, s in known.items() if s.waiting}
     elsewhere = set(known) - waiting
     if waiting and elsewhere:
@@ -94,7 +104,7 @@ def diagnose(states: dict[int, RankState]) -> Diagnosis:
         noun = "rank" if len(ranks) == 1 else "ranks"
         hosts = sorted({s.host for s in group if s.host})
         text = f"{noun} {ranges(ranks)}{' on ' + hostlist.collect_hostlist(hosts) if hosts else ''}: "
-        text += group[0].where.text + (f"; collectives: {group[0].recorder}" if group[0].recorder else "")
+        text += group[0].text + (f"; collectives: {group[0].recorder}" if group[0].recorder else "")
         if ranks[0] in named:
             text += f" <- the likely culprit: {reason}"
         elif named and group[0].waiting:

@@ -60,11 +60,10 @@ def of(dump: Dump | None, quote=None) -> Where:
         op = frames[top].func
         direct = caller is not None and not is_library(caller, folders)
         called = f" called from {_name(caller)}" if caller else ""
-        # the user's innermost function the framework called back (a hook such as on_train_epoch_end)
-        mine = [i for i in user if i > top and frames[i].func != "<module>" and i + 1 < len(frames)
-                and is_library(frames[i + 1], folders)]
+        mine = [i for i in user if i > top and frames[i].func != "<module>"]  # the user's call that led here
         if mine and not direct:
-            called += f" under {_name(frames[mine[0]])}"
+            line = quote(frames[mine[0]])
+            called += f" under {frames[mine[0]].func} ({frames[mine[0]].short}{': ' + line if line else ''})"
         return Where(COLLECTIVE, f"waiting in {op}{called}", direct, op)
     if any(f.path.endswith(p) and f.func == func for f in frames for p, func in _BACKWARD):
         return Where(BACKWARD, "waiting in backward (where DDP all-reduces the gradients)")
