@@ -3,10 +3,12 @@
 Baseline: `sprite run --devices 2 examples/train.py --max-steps 20` (one 2-rank CPU fit). Against it:
 (a) the full BF16 parity check with both loss-level faults, 2 CPU ranks, in warm pools (the default; target
     within 2.5x), and the same check with --fresh-processes (every arm its own launch, as before the pools);
-(b) a `tiny` bench sweep of 1,2 (target within 2x).
+(b) a `tiny` bench sweep of 1,2 (target within 2x);
+(c) with --ckpt-check: `sprite ckpt-check --devices 2` (FP32, tiny) in warm pools against the same check with
+    --fresh-processes (target: at least 2x faster).
 Runs are interleaved per repeat, so a drift of the machine spreads over all of them.
 
-    python benchmarks/harness_startup.py [--repeats 1] [--no-fresh] [--no-bench]
+    python benchmarks/harness_startup.py [--repeats 1] [--no-fresh] [--no-bench] [--ckpt-check]
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-fresh", action="store_true", help="skip the --fresh-processes parity run")
     parser.add_argument("--no-bench", action="store_true", help="skip the bench sweep")
+    parser.add_argument("--ckpt-check", action="store_true", help="also time ckpt-check, pooled and fresh")
     args = parser.parse_args()
     env = clean_env()
-    runs = {"fit": [], "parity": [], "parity_fresh": [], "bench": []}
+    runs = {"fit": [], "parity": [], "parity_fresh": [], "bench": [], "ckpt": [], "ckpt_fresh": []}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             out = Path(tmp) / str(repeat)
@@ -66,12 +69,18 @@ def main() -> None:
             if not args.no_bench:
                 runs["bench"].append(timed(["bench", "--model", "tiny", "--sweep", "1,2", "--accelerator", "cpu",
                                             "--out", str(out / "bench")], env, tmp))
+            if args.ckpt_check:
+                check = ["ckpt-check", "--devices", "2", "--accelerator", "cpu"]
+                runs["ckpt"].append(timed([*check, "--out", str(out / "ckpt")], env, tmp))
+                runs["ckpt_fresh"].append(timed([*check, "--fresh-processes", "--out", str(out / "ckpt-fresh")],
+                                                env, tmp))
     fit = statistics.median(runs["fit"])
     print(f"baseline: sprite run --devices 2 examples/train.py --max-steps 20: {fit:.1f} s "
           f"(median of {args.repeats})")
     rows = [("parity", "BF16 parity + missing-rank + wrong-scale, warm pools", 2.5),
             ("parity_fresh", "the same with --fresh-processes", None),
-            ("bench", "bench --model tiny --sweep 1,2", 2.0)]
+            ("bench", "bench --model tiny --sweep 1,2", 2.0),
+            ("ckpt", "ckpt-check FP32, warm pools", None), ("ckpt_fresh", "ckpt-check FP32, --fresh-processes", None)]
     for key, what, target in rows:
         if runs[key]:
             seconds = statistics.median(runs[key])
@@ -80,6 +89,9 @@ def main() -> None:
     if runs["parity"] and runs["parity_fresh"]:
         speedup = statistics.median(runs["parity_fresh"]) / statistics.median(runs["parity"])
         print(f"warm pools vs fresh processes: {speedup:.2f}x faster")
+    if runs["ckpt"]:
+        speedup = statistics.median(runs["ckpt_fresh"]) / statistics.median(runs["ckpt"])
+        print(f"ckpt-check, warm pools vs fresh processes: {speedup:.2f}x faster (target at least 2x)")
 
 
 if __name__ == "__main__":

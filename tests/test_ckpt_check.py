@@ -20,7 +20,6 @@ import pytest
 from typer.testing import CliRunner
 
 from sprite import integrity
-from sprite.runtime.ckpt import save as hashed_save
 from sprite.parity.ckpt.cli import app
 from sprite.parity.ckpt.criterion import FAMILIES
 from sprite.parity.ckpt.settings import FAULTS
@@ -59,6 +58,25 @@ def fp32(tmp_path_factory, sprite_cmd):
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory):
     return _run(tmp_path_factory, "bf16", "--precision", "bf16-mixed", "--slots", "4")
+
+
+@pytest.fixture(scope="module")
+def fp32_fresh(tmp_path_factory):
+    """The FP32 check with every role in processes of its own (the path before the warm pools)."""
+    return _run(tmp_path_factory, "fp32fresh", "--fresh-processes")
+
+
+def _outcomes(out: Path) -> dict:
+    return {path.stem: json.loads(path.read_text()) for path in (out / "launches").glob("*.json")}
+
+
+def _without_manifest_hashes(value):
+    """A result record with every ``manifest_sha256`` taken out: a manifest records when it was written."""
+    if isinstance(value, dict):
+        return {k: _without_manifest_hashes(v) for k, v in value.items() if k != "manifest_sha256"}
+    if isinstance(value, list):
+        return [_without_manifest_hashes(v) for v in value]
+    return value
 
 
 def processes() -> str:
@@ -103,9 +121,23 @@ def test_every_arm_passes_bit_for_bit_and_every_fault_is_rejected_for_its_reason
     assert verdict_line < text.index("Required, bit for bit") < text.index("Reported, not scored")
 
 
-def test_roles_run_in_their_own_processes_two_one_process_launches_at_a_time(fp32):
+def test_warm_pools_run_every_role_but_the_killed_fits_and_record_what_fresh_processes_record(fp32, fp32_fresh):
+    pooled, fresh = fp32[0], fp32_fresh[0]
+    assert fp32[1] == 0 and fp32_fresh[1] == 0, fp32_fresh[2][-3000:]
+    by_pool = {key: o["pool"] for key, o in _outcomes(pooled).items()}
+    assert {key for key, pool in by_pool.items() if pool is None} == {"single-killed", "ddp-killed", "fsdp-killed"}
+    assert {by_pool["ddp-fit"], by_pool["fsdp-resume"]} == {"world"} and by_pool["single-fit"].startswith("one-")
+    assert all(o["pool"] is None for o in _outcomes(fresh).values())
+    records = sorted(path.relative_to(fresh) for path in fresh.rglob("rank*.json") if "launches" not in path.parts)
+    assert len(records) == 54
+    for rel in records:  # every role's per-step values, restored state and saved state, bit for bit
+        got, want = (_without_manifest_hashes(json.loads((root / rel).read_text())) for root in (pooled, fresh))
+        assert got == want, rel
+
+
+def test_one_process_roles_run_two_at_a_time_and_distributed_ones_alone(fp32):
     out = fp32[0]
-    outcomes = {path.stem: json.loads(path.read_text()) for path in (out / "launches").glob("*.json")}
+    outcomes = _outcomes(out)
     assert len(outcomes) == 19 and outcomes["single-killed"]["exit_code"] == 137  # its own SIGKILL
     assert all(o["exit_code"] == 0 for key, o in outcomes.items() if not key.endswith("killed"))
     one_process = {"single-fit", "single-twin", "single-killed", "single-resume", "single-reload", "fsdp-reshard",

@@ -76,8 +76,12 @@ def ckpt_check(
                                               " check as not executed."),
     slots: int = typer.Option(2, help="Launch slots: a one-process launch takes one, a distributed launch two;"
                                       " more runs independent launches side by side (e.g. 6 on a GPU host)."),
+    fresh_processes: bool = typer.Option(False, "--fresh-processes",
+                                         help="Launch every role in processes of its own (slower: a start-up each)"
+                                              " instead of warm pools that run role after role; the killed roles"
+                                              " always get their own."),
 ) -> None:
-    """Run every role, each in its own processes, then compare."""
+    """Run every role (in warm pools of processes, the killed fits in their own), then compare."""
     try:
         if out is None:
             raise UsageError("No --out directory given.", "Every check needs a new place for its results.",
@@ -90,7 +94,7 @@ def ckpt_check(
         from sprite.parity.ckpt.runner import claim_dir, run_launches
 
         claim_dir(out, settings)
-        timing = _interruptible(run_launches, out, settings, Console())
+        timing = _interruptible(run_launches, out, settings, Console(), fresh_processes)
         Console().print(f"every launch ended in {timing['wall_s']:.1f} s; comparing")
         report = {**compare(out), "wall_s": timing["wall_s"]}
         write(out / REPORT, report)

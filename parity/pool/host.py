@@ -35,10 +35,10 @@ def free_port() -> int:
 class Pool:
     """One launch of ``world`` ranks (``fields``: job_fields of any arm of it) serving tasks from ``folder``."""
 
-    def __init__(self, folder: pathlib.Path, fields: dict, world: int, log: pathlib.Path):
+    def __init__(self, folder: pathlib.Path, fields: dict, world: int, log: pathlib.Path, name: str = ""):
         from sprite.parity.pool import worker as pool_worker
 
-        self.folder, self.world, self.log = folder, world, log
+        self.folder, self.world, self.log, self.name = folder, world, log, name or folder.name
         for rank in range(world):
             owner_only.make_dirs(folder / f"rank{rank}")
         self.fields = {**fields, "script": pool_worker.__file__,

@@ -107,11 +107,17 @@ def _run(task: dict) -> int:
 
 
 def _end_group() -> None:
-    """Ends this arm's process group on every rank together, as the runtime does at a script's end."""
+    """Ends this arm's process group on every rank together, as the runtime does at a script's end, and drops
+    what sprite's checkpoint saving made for that group (its gloo group, its writer), so the next arm's saves
+    make their own."""
     from sprite.runtime import finish, world_check
+    from sprite.runtime.ckpt import durable
+    from sprite.runtime.ckpt import save as ckpt_save
 
+    durable.drain()
     world_check.note()
     finish.finish()
+    ckpt_save.forget()
 
 
 def serve(folder: pathlib.Path, host_pid: int, rank: int) -> int:

@@ -30,6 +30,11 @@ def group():
     return _group[0]
 
 
+def forget() -> None:
+    """After this process's process group ended (save.forget): the next save makes a gloo group of its own."""
+    _group.clear()
+
+
 def gather(obj, group, rank: int, world: int) -> list:
     """Every rank's ``obj`` on rank 0 (in rank order); ``[]`` on the other ranks."""
     if group is None or world == 1:

@@ -194,6 +194,16 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
     _collect.append(_async_dcp(converted_state, path, process_group or background.group()))
 
 
+def forget() -> None:
+    """After this process's process group ended and before another starts (a warm pool's next role): the next
+    save makes its own writer and gloo group instead of using ones tied to the group that ended."""
+    global _dcp_writer
+    from sprite.runtime.ckpt import background
+
+    _dcp_writer = None
+    background.forget()
+
+
 def _async_dcp(state: dict, path, group) -> Pending:
     global _dcp_writer
     from torch.distributed.checkpoint import async_save
