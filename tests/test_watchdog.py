@@ -84,6 +84,23 @@ def test_watch_gives_a_save_the_save_allowance_and_any_rank_progress_resets_the_
         assert watch.observe({0: beat(0, 2), 1: beat(1, 2, heartbeat.VALIDATION, count=now)}, float(now)) is None
 
 
+def test_a_world_that_is_done_gets_the_exit_allowance_and_a_rank_still_training_does_not():
+    watch = Watch(Limits(stall=5, first_step=60, save=20), world_size=2, started=0.0)
+    watch.observe({r: beat(r, 3, count=4) for r in (0, 1)}, 1.0)
+    done = {r: beat(r, 3, heartbeat.DONE, count=5) for r in (0, 1)}
+    assert watch.observe(done, 2.0) is None
+    assert watch.observe(done, 61.9) is None  # slow to leave under load: not a stall
+    stall = watch.observe(done, 62.1)
+    assert stall and stall.allowance == "exit allowance" and stall.limit == 60
+    watch = Watch(Limits(stall=5, first_step=60, save=20), world_size=2, started=0.0)
+    watch.observe({r: beat(r, 3, count=4) for r in (0, 1)}, 1.0)
+    half = {0: beat(0, 3, heartbeat.DONE, count=5), 1: beat(1, 3, count=4)}
+    assert watch.observe(half, 2.0) is None
+    stall = watch.observe(half, 7.1)  # rank 0 left the loop while rank 1 is stuck in it: a stall
+    assert stall and stall.allowance == "stall timeout"
+    assert watch.observe({0: beat(0, 3, heartbeat.DONE, count=5)}, 7.2).allowance == "stall timeout"  # one silent
+
+
 def test_a_watch_without_limits_only_follows_progress():
     watch = Watch(None, world_size=1, started=0.0)
     assert watch.observe({0: beat(0, 0, first_step=-1)}, 1e6) is None and not watch.progressed

@@ -2,7 +2,8 @@
 
 A run stalls when no rank's heartbeat changes for longer than the limit in force: the start-up allowance until
 some rank has finished its first training step of this attempt, the save allowance while any rank is in a
-checkpoint save, else the stall timeout. Times are sprite's monotonic clock, never the ranks' (clocks of
+checkpoint save, the exit allowance (as long as the start-up one) once every rank of the world is done with the
+script or stopped for preemption and only has to leave, else the stall timeout. Times are sprite's monotonic clock, never the ranks' (clocks of
 different hosts disagree).
 """
 
@@ -18,6 +19,9 @@ from sprite.contract.heartbeat import Beat
 _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training step",
                heartbeat.VALIDATION: "in validation", heartbeat.SAVE: "in checkpoint save",
                heartbeat.DONE: "done with the script", heartbeat.PREEMPTED: "stopped for preemption"}
+
+
+_ENDED = (heartbeat.DONE, heartbeat.PREEMPTED)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,10 @@ class Watch:
     def limit_in_force(self, beats: dict[int, Beat]) -> tuple[float, str]:
         if any(beat.phase == heartbeat.SAVE for beat in beats.values()):
             return self.limits.save, "save allowance"
+        if len(beats) == self.world_size and all(beat.phase in _ENDED for beat in beats.values()):
+            # Every rank has finished training; leaving (destroying the process group, interpreter exit) can
+            # take longer than a step under load: seen at load 10 with --stall-timeout 5 (issue 30's scenarios).
+            return self.limits.first_step, "exit allowance"
         if not self.progressed:
             return self.limits.first_step, "first-step allowance"
         return self.limits.stall, "stall timeout"
