@@ -111,6 +111,21 @@ print("note from", os.environ["SLURM_PROCID"], file=sys.stderr)
 """
 
 
+def test_a_rank_hung_under_srun_is_named_from_the_stacks_it_wrote_itself(slurm, sprite_cmd, tmp_path):
+    """Issue 27 under srun, where the ranks are slurmstepd's children, not sprite's (tests/test_hang.py has the
+    six hangs under the local launcher and Hydra)."""
+    script = Path(__file__).parent / "scripts" / "hang_fit.py"
+    done = subprocess.run(["salloc", "-n", "2", *sprite_cmd, "run", "--accelerator", "cpu", "--launcher", "srun",
+                           "--stall-timeout", "6", "--run-dir", str(tmp_path / "run"), str(script), "--hang",
+                           "train-sleep", "--work", str(tmp_path)], env=slurm.env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 124, done.stdout[-3000:] + done.stderr[-3000:]
+    culprit = [line for line in done.stderr.splitlines() if "<- the likely culprit" in line]
+    assert len(culprit) == 1 and culprit[0].startswith("sprite: stall: rank 1 on ") and \
+        "stuck in training_step (hang_fit.py:" in culprit[0], done.stderr[-3000:]
+    assert all((tmp_path / "run" / "stacks" / "attempt-1" / f"rank{r}.txt").stat().st_size > 500 for r in (0, 1))
+
+
 def test_srun_writes_one_file_per_rank_and_the_console_follows_the_chosen_rank(slurm, sprite_cmd, tmp_path):
     (tmp_path / "hello.py").write_text(HELLO)
     done = subprocess.run(["salloc", "-n", "2", *sprite_cmd, "run", "--accelerator", "cpu", "--ranks", "1",

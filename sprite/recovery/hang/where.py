@@ -131,6 +131,15 @@ def pending(summary: dict | None) -> bool:
     waits for others even when its stack shows no collective (NCCL's calls return at once; the rank blocks
     later, at its next synchronisation)."""
     groups = summary.get("groups") if isinstance(summary, dict) else None
-    return any(isinstance(g, dict) and isinstance(g.get("last_enqueued"), int)
-               and isinstance(g.get("last_completed"), int) and g["last_enqueued"] > g["last_completed"]
-               for g in groups or [])
+    return any(_unfinished(g) for g in groups or [] if isinstance(g, dict))
+
+
+def _unfinished(group: dict) -> bool:
+    """The group's last entry not completed; without an entry, its last enqueued sequence number past its last
+    completed one. The entry comes first: the group's last completed number can lag behind the entry (seen under
+    srun here: #34 enqueued, its entry completed, the group's last completed #33)."""
+    last = group.get("last")
+    if isinstance(last, dict) and "completed" in last:
+        return not last["completed"]
+    enqueued, completed = group.get("last_enqueued"), group.get("last_completed")
+    return isinstance(enqueued, int) and isinstance(completed, int) and enqueued > completed
