@@ -30,7 +30,8 @@ CASES = {
     "fifo": "stuck in read_fifo (hang_fit.py:",
     "c-loop": "stuck in long_torch_op (hang_fit.py:",
 }
-PLAIN = {"plain-sleep": "stuck in plain_step (hang_fit.py:"}  # no Trainer: sprite.beat(step); local launcher only
+PLAIN = {"plain-sleep": "stuck in plain_step (hang_fit.py:",  # no Trainer: sprite.beat(step); local launcher only
+         "fabric-sleep": "stuck in fabric_step (hang_fit.py:"}
 
 
 class Launch:
@@ -89,7 +90,7 @@ def hangs(request, sprite_cmd, tmp_path_factory):
 @pytest.mark.parametrize("kind", [*CASES, *PLAIN])
 def test_the_hung_rank_and_its_function_are_named(hangs, kind):
     if kind not in hangs:
-        pytest.skip("a plain script runs under the local launcher only here")
+        pytest.skip("plain and Fabric scripts run under the local launcher only here")
     launch = hangs[kind]
     assert launch.proc.returncode == 124, launch.output[-3000:]
     hung = next(t for t, line in launch.lines if f"rank 1 hangs: {kind}" in line)

@@ -9,6 +9,7 @@
       c-loop            rank R runs one long torch op (long_torch_op: matrix_power) in training_step at step S
       plain-sleep       no Trainer: a plain torch.distributed loop reporting steps with sprite.beat; rank R sleeps
                         in plain_step at step S
+      fabric-sleep      a Lightning Fabric loop reporting steps with sprite.beat; rank R sleeps in fabric_step
 Every hang prints "rank R hangs: KIND" first.
 """
 
@@ -119,6 +120,28 @@ def plain(args):
     dist.destroy_process_group()
 
 
+def fabric_step(args, fabric, step, model, optimizer):
+    if fabric.global_rank == args.rank and step == args.step:
+        announce(args)
+        time.sleep(3600)
+    fabric.backward(model(torch.randn(4, 8)).pow(2).mean())
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def fabric_loop(args):
+    import sprite
+
+    fabric = L.Fabric()
+    fabric.launch()
+    model = fabric.setup_module(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
+    optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(args.max_steps):
+        fabric_step(args, fabric, step, model, optimizer)
+        sprite.beat(step)
+    print(f"rank {fabric.global_rank} finished at step {step}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--hang", default="none")
@@ -129,6 +152,8 @@ def main():
     a = p.parse_args()
     if a.hang.startswith("plain"):
         return plain(a)
+    if a.hang.startswith("fabric"):
+        return fabric_loop(a)
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(max_steps=a.max_steps, val_check_interval=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
