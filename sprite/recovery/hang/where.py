@@ -55,16 +55,7 @@ def of(dump: Dump | None, quote=None) -> Where:
     public = [i for i, f in enumerate(frames) if f.path.endswith(_C10D) and not f.func.startswith("_")
               and f.func != "wrapper"]
     if public:
-        top = max(public)
-        caller = next((f for f in frames[top + 1:] if not f.path.endswith(_WRAPPERS)), None)
-        op = frames[top].func
-        direct = caller is not None and not is_library(caller, folders)
-        called = f" called from {_name(caller)}" if caller else ""
-        mine = [i for i in user if i > top and frames[i].func != "<module>"]  # the user's call that led here
-        if mine and not direct:
-            line = quote(frames[mine[0]])
-            called += f" under {frames[mine[0]].func} ({frames[mine[0]].short}{': ' + line if line else ''})"
-        return Where(COLLECTIVE, f"waiting in {op}{called}", direct, op)
+        return _collective(frames, max(public), user, folders, quote)
     if any(f.path.endswith(p) and f.func == func for f in frames for p, func in _BACKWARD):
         return Where(BACKWARD, "waiting in backward (where DDP all-reduces the gradients)")
     inner = frames[0]
@@ -77,16 +68,27 @@ def of(dump: Dump | None, quote=None) -> Where:
     hook = user[0] + 1 < len(frames) and is_library(frames[user[0] + 1], folders)  # the framework called it
     if user[0] > 0 and not hook:  # only the script's entry point: the rank is in library code it called
         return Where(LIBRARY, f"in {_name(inner)} under {_name(mine)}")
-    line = quote(mine)
-    text = f"stuck in {mine.func} ({mine.short}{': ' + line if line else ''})"
-    if user[0] > 0:
-        text += f" in {_name(inner)}"
+    text = f"stuck in {_name(mine, quote)}" + (f" in {_name(inner)}" if user[0] > 0 else "")
     loader = any(_DATALOADER in f.path for f in frames[user[0] + 1:])
     return Where(USER, text + (" inside the data loader" if loader else ""))
 
 
-def _name(frame: Frame) -> str:
-    return f"{frame.func} ({frame.short})"
+def _collective(frames: list[Frame], top: int, user: list[int], folders: list[str], quote) -> Where:
+    """The collective called at ``frames[top]``: who called it, and whether that was the user's own code;
+    when it was the framework, the user's call that led there."""
+    caller = next((f for f in frames[top + 1:] if not f.path.endswith(_WRAPPERS)), None)
+    direct = caller is not None and not is_library(caller, folders)
+    called = f" called from {_name(caller)}" if caller else ""
+    mine = [i for i in user if i > top and frames[i].func != "<module>"]
+    if mine and not direct:
+        called += f" under {_name(frames[mine[0]], quote)}"
+    return Where(COLLECTIVE, f"waiting in {frames[top].func}{called}", direct, frames[top].func)
+
+
+def _name(frame: Frame, quote=None) -> str:
+    """``func (file.py:N)``, or ``func (file.py:N: its source line)`` with ``quote``."""
+    line = quote(frame) if quote else ""
+    return f"{frame.func} ({frame.short}{': ' + line if line else ''})"
 
 
 def source_line(frame: Frame, limit: int = 60) -> str:
