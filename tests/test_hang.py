@@ -108,6 +108,7 @@ def test_every_rank_left_its_stacks_in_the_run_folder(hangs, kind):
     for rank in (0, 1):
         text = (folder / f"rank{rank}.txt").read_text()
         assert text.startswith("# sprite stacks {") and "(most recent call first):" in text, text[:2000]
+        assert "\nTimeout (0:00:04.800000)!\n" in text  # the rank's own timed dump, 6 s less two 0.6 s intervals
         recorded = json.loads((folder / f"rank{rank}.collectives.json").read_text())
         assert recorded["backend"] == "gloo" and recorded["groups"][0]["last_enqueued"] > 0, recorded
     function = CASES[kind].split(" (")[0].split()[-1]

@@ -294,6 +294,9 @@ def test_the_dumper_dumps_when_no_progress_comes_and_forgets_a_dump_once_progres
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         assert text.startswith(stacks.HEADER) and "(most recent call first):" in text
         assert "test_the_dumper_dumps_when_no_progress_comes" in text  # this thread's own frame
+        dumper.tick(time.monotonic())  # no progress: nothing re-arms, one dump however long it lasts
+        time.sleep(0.6)
+        assert path.read_text().count("Timeout (") == 1
         dumper.tick(time.monotonic() + 1)  # the recorder's summary is due
         assert json.loads((tmp_path / "rank1.collectives.json").read_text())["none"]
         heart.beat = replace(heart.beat, count=11)
