@@ -378,3 +378,24 @@ def test_a_failing_diagnosis_never_keeps_the_watchdog_from_stopping_the_run(tmp_
     stop = watcher().splitlines()
     assert stop[0].startswith("sprite: error: Stopped the run") and watcher.diagnosis is None
     assert stop[1] == f"sprite: stall: no diagnosis (ValueError: a bug); the ranks' stacks are in {tmp_path}/"
+
+
+def test_runs_show_prints_a_runs_summary_and_its_stalls_and_refuses_a_folder_without_a_trail(tmp_path):
+    from sprite.cli import runs
+    from sprite.errors import UsageError
+    from sprite.integrity import audit
+
+    run = tmp_path / "run"
+    run.mkdir()
+    audit.append(run / "audit.jsonl", "launch", script="t.py")
+    audit.append(run / "audit.jsonl", "stall", attempt=1, idle_seconds=6.2, allowance="stall timeout",
+                 limit_seconds=6, ranks="ranks 0-1 in training step at step 3", diagnosis=["rank 1 on n1: stuck"],
+                 culprits=[1], stacks="stacks/attempt-1")
+    text = runs.show(run)
+    assert f"run_dir: {run}" in text and (
+        "attempt 1 stalled: no rank advanced for 6.2 s (stall timeout 6 s): ranks 0-1 in training step at step 3\n"
+        "  rank 1 on n1: stuck\n  stacks: stacks/attempt-1/") in text
+    shown = json.loads(runs.show(run, json_out=True))
+    assert [s["culprits"] for s in shown["stalls"]] == [[1]] and shown["run_dir"] == str(run)
+    with pytest.raises(UsageError, match="holds no audit trail"):
+        runs.show(tmp_path)
