@@ -133,16 +133,18 @@ def test_the_report_covers_every_run_of_a_batch_job_and_only_those(tmp_path):
 
 def test_the_command_prints_json_and_a_table_and_refuses_a_folder_without_a_trail(tmp_path):
     run = _trail(tmp_path / "r", "", T0, 2.0, "success")
+    # cwd outside the checkout: `-m sprite` from there would import the checkout's sprite, which lacks the
+    # installed sprite.parity under a plain (not editable) install, as in CI
     done = subprocess.run([sys.executable, "-m", "sprite", "runs", "goodput", str(run), "--json"],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert list(result["device_hours"]) == SHAPE and result["goodput"] == pytest.approx(0.7, abs=1e-3)
     table = subprocess.run([sys.executable, "-m", "sprite", "runs", "goodput", str(run)], capture_output=True,
-                           text=True, check=False).stdout
+                           text=True, check=False, cwd=tmp_path).stdout
     assert "productive" in table and "goodput 70.0%" in table
     bad = subprocess.run([sys.executable, "-m", "sprite", "runs", "goodput", str(tmp_path)], capture_output=True,
-                         text=True, check=False)
+                         text=True, check=False, cwd=tmp_path)
     assert bad.returncode == 2 and "holds no audit trail" in bad.stderr
     with pytest.raises(UsageError):
         cli_goodput.folders([])
