@@ -70,13 +70,17 @@ def write_all(fd: int, data) -> None:
         view = view[os.write(fd, view):]
 
 
-def fsync_dir(path) -> None:
-    """Make the entries of folder ``path`` durable (new names, links, removals). Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _fsync(path, flags: int) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path) -> None:
+    """Make the entries of folder ``path`` durable (new names, links, removals). Raises OSError."""
+    _fsync(path, os.O_DIRECTORY)
 
 
 def make_dir_new(path, mode: int = 0o700) -> None:
@@ -99,11 +103,7 @@ def make_dir_new(path, mode: int = 0o700) -> None:
 
 def fsync_file(path) -> None:
     """Flush a regular file's data to stable storage (never through a symlink). Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(path, os.O_NOFOLLOW)
 
 
 def sha256_file(path) -> str:
