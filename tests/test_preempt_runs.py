@@ -264,3 +264,19 @@ def test_a_slurm_job_checkpoints_requeues_itself_and_finishes_bit_for_bit(jobs, 
     for rank in (0, 1):
         assert losses(job["root"], tag, rank) == losses(runs["root"], "ref", rank)
     assert same_weights(job["root"] / f"final-{tag}.pt", runs["root"] / "final-ref.pt")
+
+
+def test_goodput_of_a_requeued_slurm_job_covers_both_of_its_runs(jobs):
+    """`sprite runs goodput` given the first run of a job that Slurm requeued finds the second (issue 30); the
+    categories sum to the total, and the requeued run's start-up counts as restart."""
+    job = jobs["s1"]
+    first = job["runs"][0]
+    asked = [sys.executable, "-m", "sprite", "runs", "goodput", str(first)]
+    done = subprocess.run([*asked, "--json"], cwd=job["root"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    hours = json.loads(done.stdout)["device_hours"]
+    parts = sum(value for key, value in hours.items() if key != "total")
+    assert hours["total"] > 0 and abs(parts - hours["total"]) <= 0.02 * hours["total"], hours
+    assert hours["productive"] > 0 and hours["restart"] > 0, hours
+    table = subprocess.run(asked, cwd=job["root"], capture_output=True, text=True, timeout=120)
+    assert "(2 runs of one job)" in table.stdout, table.stdout + table.stderr
