@@ -2,9 +2,8 @@
 deadline that a hanging rank cannot stretch, then the ranks' records read back and judged.
 
 The launch ends by itself when every rank has written its final record. When some rank has written its final
-record and no other record arrives for ``grace`` seconds (the collective timeout, at least 5 s: a rank whose peer
-left its all-reduce reports by then), the rest cannot finish, so the launch is stopped; ``deadline`` stops it in
-any case. The ranks that never wrote are then
+record and no other record arrives for ``grace`` seconds, the rest cannot finish (their peers have left the
+collectives), so the launch is stopped; ``deadline`` stops it in any case. The ranks that never wrote are then
 named by host. No torch here.
 """
 
@@ -196,9 +195,7 @@ def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, opt
     settings = settings_for(flags_for(out, base), faults, options, environ, spec_file, launch_plan)
     resolve_program(launch_plan)
     prepare(out, settings, launch_plan)
-    # A rank still in an all-reduce whose peer left reports by its own collective timeout: waiting less than that
-    # after the last record named a slow but healthy rank as hung (a CI run, three slurmd ranks on two cores).
-    launched = launch(out, launch_plan, options.deadline, max(options.grace, options.collective_timeout))
+    launched = launch(out, launch_plan, options.deadline, options.grace)
     result = judge(out, settings, launch_plan, launched)
     report.save(result, out)
     return result
