@@ -225,15 +225,15 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int, mode: str)
             "sprite_bytes": _folder_bytes(folder) if rank == 0 else 0}
 
 
-def _check(root: pathlib.Path, state: dict, repeat: int) -> bool:
-    """Whether torch's own reader (dcp.load, FileSystemReader) loads sprite's sharded folder of ``repeat`` into a
-    blank copy of ``state`` equal to ``state``, on every rank."""
+def _check(root: pathlib.Path, state: dict, repeat: int, mode: str) -> bool:
+    """Whether torch's own reader (dcp.load, FileSystemReader) loads sprite's sharded folder of ``repeat``, saved in
+    ``mode``, into a blank copy of ``state`` equal to ``state``, on every rank."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     blank = _like(state, torch.zeros_like)  # new containers, so that nothing of ``state`` is loaded into
-    dcp.load(blank, checkpoint_id=root / f"dcp-thread{repeat}")
+    dcp.load(blank, checkpoint_id=root / f"dcp-{mode}{repeat}")
     same = torch.tensor([float(_equal(blank, state))], device=_device(state))
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     return bool(same.item())
@@ -364,6 +364,12 @@ def worker(args) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
+    from sprite.runtime.ckpt import dcp_write
+
+    if args.threads:
+        dcp_write.MAX_THREADS = args.threads
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     model, optimizer, get_model, get_optim = _state(args.model, args.accelerator)
     rank = dist.get_rank()
     sharded = {"model": get_model(model), "optim": get_optim(model, optimizer)}
@@ -375,13 +381,13 @@ def worker(args) -> None:
     root = pathlib.Path(args.out)
     modes = [mode for mode in args.modes.split(",") if mode]
     runs = {**{f"sharded ({mode})": [] for mode in modes}, **({"full state": []} if full else {})}
-    for repeat in range(args.repeats):
+    for repeat in range(0 if args.steps_only else args.repeats):
         for mode in modes:
             runs[f"sharded ({mode})"].append(_sharded(root, sharded, rank, repeat, mode))
         if full:  # a gather of the full state through gloo of CUDA tensors segfaults (torch 2.11, H200 shared)
             runs["full state"].append(_full(root, full, rank, repeat))
-    loads_equal = _check(root, sharded, args.repeats - 1)  # every rank
-    if rank == 0:
+    loads_equal = args.steps_only or all([_check(root, sharded, args.repeats - 1, mode) for mode in modes])
+    if rank == 0 and not args.steps_only:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
                    for fmt, rows in runs.items()}
         print("PARTIAL " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians,
@@ -389,8 +395,6 @@ def worker(args) -> None:
                                        "torch": torch.__version__}), flush=True)
     fit = {}
     if args.steps:
-        from sprite.runtime.ckpt import dcp_write
-
         dcp_write.MODE = modes[0]
         state_of = lambda: {"model": get_model(model), "optim": get_optim(model, optimizer)}  # noqa: E731
         # Warm-up with saves: the first save of a run makes its pinned host buffers and its gloo group once (1.9 s
@@ -401,13 +405,14 @@ def worker(args) -> None:
             plain.append(_steps(model, optimizer, args, root, state_of, 0))
             saving.append(_steps(model, optimizer, args, root, state_of, args.every))
         middle = sorted(saving, key=lambda run: run["seconds"])[len(saving) // 2]
-        fit = {"steps": args.steps, "every": args.every, "mode": modes[0],
+        fit = {"steps": args.steps, "every": args.every, "mode": modes[0], "threads": dcp_write.threads(),
+               "switch_interval": sys.getswitchinterval(),
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
                "waited": middle["waited"], "staged": middle["staged"], "first_run": first["seconds"],
                "first_staged": first["staged"]}
     if rank == 0:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
-                   for fmt, rows in runs.items()}
+                   for fmt, rows in runs.items() if rows}
         print("RESULT " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians,
                                       "fit": fit, "torch_reads_sprites_folder": loads_equal,
                                       "device": _DEVICE[0], "torch": torch.__version__}))
@@ -426,6 +431,10 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8)
+    parser.add_argument("--steps-only", action="store_true", help="measure the step-time comparison alone")
+    parser.add_argument("--threads", type=int, default=0, help="files each rank writes in parallel (0: sprite's)")
+    parser.add_argument("--switch-interval", type=float, default=0.0,
+                        help="Python's thread switch interval in the ranks, seconds (0: Python's default)")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -444,7 +453,9 @@ def main() -> int:
                  "accelerator": args.accelerator, "env": {"HF_HUB_OFFLINE": "1"},
                  "args": ["--worker", "--out", tmp, "--model", args.model, "--accelerator", args.accelerator,
                           "--repeats", str(args.repeats), "--modes", args.modes, "--formats", args.formats, "--steps", str(args.steps),
-                          "--every", str(args.every), "--batch", str(args.batch), "--seq", str(args.seq)]}
+                          "--every", str(args.every), "--batch", str(args.batch), "--seq", str(args.seq),
+                          "--threads", str(args.threads), "--switch-interval", str(args.switch_interval),
+                          *(["--steps-only"] if args.steps_only else [])]}
         plan = plan_run(flags)
         with tempfile.TemporaryFile("w+") as err:
             run = subprocess.Popen([resolve_program(plan), *plan.argv[1:]], env={**os.environ, **plan.env},
@@ -491,7 +502,8 @@ def report(result: dict, args) -> str:
     if fit:
         saves = fit["steps"] // fit["every"]
         rest = fit["ckpt"] - fit["no_ckpt"] - fit["waited"] - fit["staged"]
-        lines.append(f"step time: {fit['steps']} steps with a sharded save ({fit['mode']}) every {fit['every']}:"
+        lines.append(f"step time: {fit['steps']} steps with a sharded save ({fit['mode']}, {fit.get('threads')} files"
+                     f" a rank, switch interval {fit.get('switch_interval')} s) every {fit['every']}:"
                      f" {fit['ckpt']:.3f} s vs {fit['no_ckpt']:.3f} s without checkpoints (ratio"
                      f" {fit['ckpt'] / fit['no_ckpt']:.3f}, target <= 1.05); of the {saves} saves' extra"
                      f" {fit['ckpt'] - fit['no_ckpt']:.3f} s: {fit['waited']:.3f} s waiting for the save before,"

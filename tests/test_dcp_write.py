@@ -176,7 +176,7 @@ def test_a_background_save_returns_with_the_state_staged_and_writes_it_later(tmp
         return real(self, plan, planner)
 
     monkeypatch.setattr(dcp.FileSystemWriter, "write_data", held)
-    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
+    monkeypatch.setattr(hashed_save, "_dcp_writers", {})
     state = {"w": torch.arange(6.0)}
     with hashed_save.collecting() as pending:
         hashed_save.dcp_save(state, tmp_path / "ckpt")

@@ -15,7 +15,9 @@ setting is per thread (torch 2.13 torch/utils/_config_module.py keeps overrides 
 background thread (``sprite.integrity.digest``).
 
 ``MODE`` picks torch's async checkpointer: "thread" (a thread of this rank) or "process" (a process torch starts,
-which keeps the write's Python work off the training loop's GIL); benchmarks/checkpoint_io.py measures both.
+which keeps the write's Python work off the training loop's GIL); benchmarks/checkpoint_io.py measures both. torch's
+``DefaultStager`` (shared host memory for process mode) is not used: torch 2.11's stager cannot copy an FSDP2
+state ("KeyError: <class 'type'>" in _state_dict_stager.py on one H200, 2026-12-02).
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class Writer(FileSystemWriter):
             return super().write_data(plan, planner)
 
 
+def _accelerated() -> bool:
+    return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+
+
 def writer(path) -> FileSystemWriter:
     """torch's writer for a folder sprite has just created (module docstring)."""
     import logging
@@ -57,9 +63,8 @@ def writer(path) -> FileSystemWriter:
     quiet = logging.getLogger(DCP_LOGGER)
     if quiet.level == logging.DEBUG:  # torch's own setting: records built per staged item and dropped
         quiet.setLevel(logging.INFO)
-    cache = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     return Writer(path, single_file_per_rank=True, sync_files=False, thread_count=threads(),
-                  cache_staged_state_dict=cache)
+                  cache_staged_state_dict=_accelerated())
 
 
 @contextlib.contextmanager

@@ -32,7 +32,8 @@ from sprite.runtime.ckpt.gcpause import paused_gc
 _WRITTEN: dict[str, tuple[int, int, int, dict, bool]] = {}
 _collect: list | None = None  # the background writes of the save seal.py is running, while it runs
 _host = None  # this rank's reusable host buffers (stage.HostCopy)
-_dcp_writer = None  # this rank's FileSystemWriter for async saves (keeps its pinned host copy from save to save)
+_dcp_writers: dict = {}  # mode -> this rank's FileSystemWriter for async saves (in thread mode it keeps its pinned
+#                         host copy from save to save)
 
 
 class Pending:
@@ -197,24 +198,23 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
 def forget() -> None:
     """After this process's process group ended and before another starts (a warm pool's next role): the next
     save makes its own writer and gloo group instead of using ones tied to the group that ended."""
-    global _dcp_writer
     from sprite.runtime.ckpt import background
 
-    _dcp_writer = None
+    _dcp_writers.clear()
     background.forget()
 
 
 def _async_dcp(state: dict, path, group) -> Pending:
-    global _dcp_writer
     from torch.distributed.checkpoint import async_save
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
     from sprite.runtime.ckpt import dcp_write
 
-    _dcp_writer = _dcp_writer or dcp_write.writer(path)
+    mode = dcp_write.MODE
+    writer = _dcp_writers.get(mode) or _dcp_writers.setdefault(mode, dcp_write.writer(path))
     with paused_gc():
-        future = async_save(state, checkpoint_id=path, storage_writer=_dcp_writer, process_group=group,
-                            async_checkpointer_type=AsyncCheckpointerType(dcp_write.MODE))
+        future = async_save(state, checkpoint_id=path, storage_writer=writer, process_group=group,
+                            async_checkpointer_type=AsyncCheckpointerType(mode))
 
     def run() -> dict:
         future.result()
