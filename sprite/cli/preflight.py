@@ -43,14 +43,15 @@ def _positive(text: Optional[str], option: str, default: float, least: float = 0
     return number
 
 
-def options_from(deadline, collective_timeout, slow_factor, size):
+def options_from(deadline, collective_timeout, slow_factor, size, grace=None):
     from sprite.parity.preflight.runner import Options
 
     base = Options()
     found = Options(deadline=_positive(deadline, "--deadline", base.deadline),
                     collective_timeout=_positive(collective_timeout, "--collective-timeout", base.collective_timeout),
                     slow_factor=_positive(slow_factor, "--slow-factor", base.slow_factor, least=1.0),
-                    size=int(_positive(size, "--size", base.size, least=1.0)))
+                    size=int(_positive(size, "--size", base.size, least=1.0)),
+                    grace=_positive(grace, "--grace", base.grace))
     if found.collective_timeout >= found.deadline:
         raise UsageError(f"--collective-timeout {found.collective_timeout:g} is not shorter than --deadline "
                          f"{found.deadline:g}.", "Ranks must give up on a collective before the launch is stopped, "
@@ -84,13 +85,15 @@ def preflight(
     slow_factor: Optional[str] = typer.Option(None, "--slow-factor", metavar="FLOAT", help="a rank slower than "
                                               "the median of the others by more than this fails (default 2)"),
     size: Optional[str] = typer.Option(None, "--size", metavar=WHOLE, help="reference matmul size (default 512)"),
+    grace: Optional[str] = typer.Option(None, "--grace", metavar=SECONDS, help="once a rank has reported, seconds "
+                                        "without a further report before the silent ranks are named (default 5)"),
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> int:
     from rich.console import Console
 
     from sprite.parity.preflight import report, runner
 
-    options = options_from(deadline, collective_timeout, slow_factor, size)
+    options = options_from(deadline, collective_timeout, slow_factor, size, grace)
     base = {"nodes": nodes, "devices": devices, "accelerator": value(accelerator), "launcher": value(launcher),
             "mpi": value(mpi), "site": site, "exclude": list(exclude) if exclude else None}
     result = runner.preflight((out or default_out()).absolute(), base, fault, options)
