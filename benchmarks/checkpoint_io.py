@@ -313,6 +313,27 @@ def _full(root: pathlib.Path, state: dict, rank: int, repeat: int) -> dict:
             "sprite_bytes": path.stat().st_size if rank == 0 else 0}
 
 
+def _first_saves(root: pathlib.Path, sharded: dict, full: dict | None, modes: list[str], rank: int) -> dict:
+    """The stall of each format's first background save, measured apart: it makes the pinned host buffers that
+    later saves reuse (and the saves' gloo group), a cost a long run pays once; the repeats measure the saves
+    after it, as a run's every later checkpoint."""
+    import torch.distributed as dist
+
+    from sprite.runtime.ckpt import dcp_write
+
+    world, first = dist.get_world_size(), {}
+    for mode in modes:
+        dcp_write.MODE = mode
+        first[f"sharded ({mode})"] = _timed(
+            lambda: _background_save(sharded, root / f"first-{mode}", rank, world, True), clean=True)
+        _timed(_sealed)
+    if full:
+        first["full state"] = _timed(
+            lambda: _background_save(full, root / "first-full.ckpt", rank, world, False, rank == 0), clean=True)
+        _timed(_sealed)
+    return first
+
+
 def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> dict:
     """Seconds for ``args.steps`` optimizer steps of the recipe's model (one synchronisation at each end), with a
     sprite sharded save every ``every`` steps (0: none), on the slowest rank: ``seconds``; of it, ``waited`` for
@@ -381,6 +402,7 @@ def worker(args) -> None:
     root = pathlib.Path(args.out)
     modes = [mode for mode in args.modes.split(",") if mode]
     runs = {**{f"sharded ({mode})": [] for mode in modes}, **({"full state": []} if full else {})}
+    first = {} if args.steps_only else _first_saves(root, sharded, full, modes, rank)
     for repeat in range(0 if args.steps_only else args.repeats):
         for mode in modes:
             runs[f"sharded ({mode})"].append(_sharded(root, sharded, rank, repeat, mode))
@@ -391,6 +413,7 @@ def worker(args) -> None:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
                    for fmt, rows in runs.items()}
         print("PARTIAL " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians,
+                                       "first_stall": first,
                                        "torch_reads_sprites_folder": loads_equal, "device": _DEVICE[0],
                                        "torch": torch.__version__}), flush=True)
     fit = {}
@@ -414,6 +437,7 @@ def worker(args) -> None:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
                    for fmt, rows in runs.items() if rows}
         print("RESULT " + json.dumps({"model": args.model, "world": dist.get_world_size(), "medians": medians,
+                                      "first_stall": first,
                                       "fit": fit, "torch_reads_sprites_folder": loads_equal,
                                       "device": _DEVICE[0], "torch": torch.__version__}))
     dist.destroy_process_group()
@@ -497,7 +521,8 @@ def report(result: dict, args) -> str:
             f" {m['plain_load']:.3f} s (ratio {m['sprite_load'] / m['plain_load']:.2f}), Lightning's"
             f" {m['format_load']:.3f} s; load cold {m['sprite_cold']:.3f} s vs plain {m['plain_cold']:.3f} s (ratio"
             f" {m['sprite_cold'] / m['plain_cold']:.2f}), Lightning's {m['format_cold']:.3f} s; bytes"
-            f" {m['sprite_bytes'] / 1e6:.1f} MB vs {m['plain_bytes'] / 1e6:.1f} MB")
+            f" {m['sprite_bytes'] / 1e6:.1f} MB vs {m['plain_bytes'] / 1e6:.1f} MB; the run's first save (pinned"
+            f" buffers made) stalled {result.get('first_stall', {}).get(fmt, float('nan')):.3f} s, measured apart")
     fit = result.get("fit")
     if fit:
         saves = fit["steps"] // fit["every"]
