@@ -93,6 +93,16 @@ def step_seconds(log: list[dict]) -> float:
     return statistics.median(gaps)
 
 
+def trained(log: list[dict], dt: float, first: int, end: int) -> float:
+    """Seconds rank 0 spent on steps ``first`` to ``end - 1`` of one attempt's log: from the start of ``first`` to
+    the start of ``end`` (to the start of the last logged one plus ``dt`` when ``end`` was not reached). The real
+    first step of an attempt is slower than the median (a loaded CI run saw about 0.4 s more), so it is measured,
+    not taken as ``dt``."""
+    starts = {e["step"]: e["t"] for e in log}
+    last = max(step for step in starts if step < end)
+    return (starts[end] if end in starts else starts[last] + dt) - starts[first]
+
+
 def records(run: Path, kind: str) -> list[dict]:
     return [r for r in audit.read(run / "audit.jsonl") if r["kind"] == kind]
 
@@ -122,7 +132,8 @@ def test_a_killed_rank_loses_the_steps_since_the_last_checkpoint(scenarios, spri
     assert [r["step"] for r in records(found["run"], "resume")] == [8]
     got = report(sprite_cmd, found["run"])
     check_sum({**got, "_run": found["run"]})
-    assert close(got["productive"], 24 * dt), (got, dt)
+    first, second = ([e for e in log if e["attempt"] == a] for a in ("1", "2"))
+    assert close(got["productive"], trained(first, dt, 0, 8) + trained(second, dt, 8, 24)), (got, dt)
     assert close(got["lost_work"], 6 * dt, step=dt), (got, dt)
     assert close(got["restart"], first_step_truth(found["run"], log, 2)), got
     assert got["stall_wait"] == 0.0 and 0 < got["checkpoint_stall"] < 2 * dt
@@ -137,7 +148,7 @@ def test_a_stalled_attempt_waits_from_the_hang_to_its_end(scenarios, sprite_cmd)
     got = report(sprite_cmd, found["run"])
     check_sum({**got, "_run": found["run"]})
     assert close(got["stall_wait"], end["started"] + end["seconds"] - hang), got
-    assert close(got["productive"], 4 * dt), (got, dt)
+    assert close(got["productive"], trained(steps(found["out"]), dt, 0, 4)), (got, dt)
     assert close(got["lost_work"], 2 * dt, step=dt), (got, dt)
     assert got["restart"] == 0.0
 
@@ -149,10 +160,11 @@ def test_a_preemption_and_resume_lose_nothing_and_count_the_second_start_up_as_r
     assert [r["step"] for r in records(second["run"], "resume")] == [11]
     got = report(sprite_cmd, first["run"], second["run"])
     check_sum(got)
-    assert close(got["productive"], 16 * dt), (got, dt)
-    assert got["lost_work"] <= dt, got
     run2_start = records(second["run"], "attempt_end")[0]["started"]
-    resumed = [e["t"] for e in log if e["t"] > run2_start]
+    before, after = [e for e in log if e["t"] < run2_start], [e for e in log if e["t"] > run2_start]
+    assert close(got["productive"], trained(before, dt, 0, 11) + trained(after, dt, 11, 16)), (got, dt)
+    assert got["lost_work"] <= dt, got
+    resumed = [e["t"] for e in after]
     assert close(got["restart"], min(resumed) - run2_start), got
 
 
@@ -181,7 +193,10 @@ def test_auto_records_young_daly_and_keeps_the_newest_of_its_own(scenarios):
     for record in chosen:
         assert record["seconds"] == pytest.approx(math.sqrt(2 * record["save_seconds"] * 36), rel=0.05)
     first_save = records(found["run"], "checkpoint_written")[0]
-    assert first_save["stall_seconds"] <= chosen[0]["save_seconds"] <= first_save["stall_seconds"] + 0.05
+    # C is the first save as the training loop saw it (the whole save_checkpoint call), so at least the stall the
+    # seal recorded inside it; the rest of that call (Lightning gathering the state) took 0.22 s more once on a
+    # loaded CI machine, so the upper bound only checks that C is that save, not a later one.
+    assert first_save["stall_seconds"] <= chosen[0]["save_seconds"] <= first_save["stall_seconds"] + 1.0
     written = [r["path"] for r in records(found["run"], "checkpoint_written")]
     kept = sorted(str(p) for p in (found["out"] / "ck").glob("sprite-every-step=*.ckpt"))
     assert len(written) >= 2 and kept == [written[-1]]
