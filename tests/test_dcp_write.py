@@ -188,3 +188,31 @@ def test_a_background_save_returns_with_the_state_staged_and_writes_it_later(tmp
     loaded = {"w": torch.zeros(6)}
     dcp.load(loaded, checkpoint_id=tmp_path / "ckpt", no_dist=True)
     assert torch.equal(loaded["w"], torch.arange(6.0))
+
+
+@pytest.mark.parametrize("mode, distinct", [("thread", 1), ("process", 2)])
+def test_thread_mode_keeps_one_writer_and_process_mode_takes_a_new_one_each_save(tmp_path, monkeypatch, mode,
+                                                                                 distinct):
+    """torch 2.11 cannot stage twice with one process-mode stager (pytorch/pytorch#183413), so each process-mode
+    save gets its own writer, which keeps no staged copy; a thread-mode writer is kept (and its pinned copy with
+    it, where there is an accelerator)."""
+    import torch.distributed.checkpoint as torch_dcp
+    from concurrent.futures import Future
+
+    from sprite.runtime.ckpt import dcp_write
+
+    writers, done = [], Future()
+    done.set_result(None)
+
+    def fake_async_save(state, checkpoint_id, storage_writer, process_group, async_checkpointer_type):
+        writers.append(storage_writer)
+        assert async_checkpointer_type.value == mode
+        return done
+
+    monkeypatch.setattr(torch_dcp, "async_save", fake_async_save)
+    monkeypatch.setattr(dcp_write, "MODE", mode)
+    monkeypatch.setattr(hashed_save, "_dcp_writers", {})
+    for name in ("a", "b"):
+        hashed_save._async_dcp({"w": torch.arange(3.0)}, tmp_path / name, None)
+    assert len({id(writer) for writer in writers}) == distinct
+    assert mode == "thread" or not any(writer.cache_staged_state_dict for writer in writers)

@@ -16,8 +16,9 @@ background thread (``sprite.integrity.digest``).
 
 ``MODE`` picks torch's async checkpointer: "thread" (a thread of this rank) or "process" (a process torch starts,
 which keeps the write's Python work off the training loop's GIL); benchmarks/checkpoint_io.py measures both. torch's
-``DefaultStager`` (shared host memory for process mode) is not used: torch 2.11's stager cannot copy an FSDP2
-state ("KeyError: <class 'type'>" in _state_dict_stager.py on one H200, 2026-12-02).
+``DefaultStager``, which process mode stages with, cannot be used for a second save in torch 2.11 ("KeyError:
+<class 'type'>" in _state_dict_stager.py, pytorch/pytorch#183413: its ``_stage`` closes the stager), so in process
+mode every save gets a writer of its own and nothing staged is kept from one save to the next.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def writer(path) -> FileSystemWriter:
     if quiet.level == logging.DEBUG:  # torch's own setting: records built per staged item and dropped
         quiet.setLevel(logging.INFO)
     return Writer(path, single_file_per_rank=True, sync_files=False, thread_count=threads(),
-                  cache_staged_state_dict=_accelerated())
+                  cache_staged_state_dict=MODE == "thread" and _accelerated())
 
 
 @contextlib.contextmanager

@@ -211,7 +211,10 @@ def _async_dcp(state: dict, path, group) -> Pending:
     from sprite.runtime.ckpt import dcp_write
 
     mode = dcp_write.MODE
-    writer = _dcp_writers.get(mode) or _dcp_writers.setdefault(mode, dcp_write.writer(path))
+    if mode == "process":  # a writer per save (dcp_write's docstring: torch 2.11 cannot reuse the stager)
+        writer = dcp_write.writer(path)
+    else:
+        writer = _dcp_writers.get(mode) or _dcp_writers.setdefault(mode, dcp_write.writer(path))
     with paused_gc():
         future = async_save(state, checkpoint_id=path, storage_writer=writer, process_group=group,
                             async_checkpointer_type=AsyncCheckpointerType(mode))
