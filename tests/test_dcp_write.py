@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from sprite.integrity import digest
 from sprite.runtime.ckpt import dcp_read
 from sprite.runtime.ckpt import dcp_write
 from sprite.runtime.ckpt import save as hashed_save
@@ -198,8 +197,6 @@ def test_thread_mode_keeps_one_writer_and_process_mode_takes_a_new_one_each_save
     it, where there is an accelerator)."""
     import torch.distributed.checkpoint as torch_dcp
     from concurrent.futures import Future
-
-    from sprite.runtime.ckpt import dcp_write
 
     writers, done = [], Future()
     done.set_result(None)
