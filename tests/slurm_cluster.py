@@ -23,6 +23,7 @@ CONF = """\
 ClusterName=local
 SlurmctldHost={host}
 SlurmctldPort={ctld_port}
+FirstJobId={first_job}
 SlurmdPort={d_port}
 SlurmUser=root
 SlurmdUser=root
@@ -51,6 +52,14 @@ NodeName={host} CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 APT_HINT = "apt-get install -y slurm-wlm slurm-wlm-torque"
+
+
+def _conf(**fields) -> str:
+    """CONF with the job ids of this cluster starting at 1,000 x its slurmctld port: every cluster running at once
+    on this machine (one per xdist worker, plus the multi-node ones) then numbers its jobs apart. Each numbering
+    from 1 gave two concurrent jobs the id 1, so sprite derived one rendezvous port for both (a hash of the job id,
+    sprite.launch.rendezvous) and their ranks met in one TCPStore: a CI run failed a Slurm job and a preflight so."""
+    return CONF.format(first_job=fields["ctld_port"] * 1000, **fields)
 
 
 @dataclass
@@ -119,8 +128,8 @@ def slurm(tmp_path_factory):
         (base / sub).mkdir()
     conf = base / "slurm.conf"
     # Ports of our own: another test session's cluster on this machine holds the defaults (6817, 6818).
-    conf.write_text(CONF.format(host=host, dir=base, cpus=max(2, os.cpu_count() or 2), ctld_port=_free_port(),
-                                d_port=_free_port()))
+    conf.write_text(_conf(host=host, dir=base, cpus=max(2, os.cpu_count() or 2), ctld_port=_free_port(),
+                          d_port=_free_port()))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs = [subprocess.Popen([daemon, "-D", "-f", str(conf)], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=(base / f"{daemon}.stderr").open("wb"))
@@ -140,7 +149,7 @@ MULTI_NODE = "NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port}
 def _multi_conf(base: Path, host: str, names: list[str]) -> str:
     """The single-node slurm.conf with one NodeName line per simulated node: each slurmd has its own port,
     spool, PID and log file (%n is the node name), and every NodeAddr is this machine's loopback."""
-    single = CONF.format(host=host, dir=base, cpus=2, ctld_port=_free_port(), d_port=_free_port())
+    single = _conf(host=host, dir=base, cpus=2, ctld_port=_free_port(), d_port=_free_port())
     lines = [line for line in single.splitlines(keepends=True) if not line.startswith(("NodeName=", "SlurmdPort="))]
     text = "".join(lines).replace(f"{base}/spool\n", f"{base}/spool/%n\n")
     text = text.replace(f"{base}/slurmd.pid", f"{base}/slurmd.%n.pid").replace(f"{base}/slurmd.log",
