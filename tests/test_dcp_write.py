@@ -175,7 +175,7 @@ def test_a_background_save_returns_with_the_state_staged_and_writes_it_later(tmp
         return real(self, plan, planner)
 
     monkeypatch.setattr(dcp.FileSystemWriter, "write_data", held)
-    monkeypatch.setattr(hashed_save, "_dcp_writers", {})
+    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
     state = {"w": torch.arange(6.0)}
     with hashed_save.collecting() as pending:
         hashed_save.dcp_save(state, tmp_path / "ckpt")
@@ -208,7 +208,7 @@ def test_thread_mode_keeps_one_writer_and_process_mode_takes_a_new_one_each_save
 
     monkeypatch.setattr(torch_dcp, "async_save", fake_async_save)
     monkeypatch.setattr(dcp_write, "MODE", mode)
-    monkeypatch.setattr(hashed_save, "_dcp_writers", {})
+    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
     for name in ("a", "b"):
         hashed_save._async_dcp({"w": torch.arange(3.0)}, tmp_path / name, None)
     assert len({id(writer) for writer in writers}) == distinct

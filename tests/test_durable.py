@@ -142,7 +142,7 @@ def test_a_folder_save_is_fsynced_before_its_manifest(tmp_path, monkeypatch):
                                                               fsync_dir(path))[1])
     monkeypatch.setattr(integrity, "seal", lambda *a, **k: (events.append(("seal", k.get("sync"))),
                                                             real_seal(*a, **k))[1])
-    monkeypatch.setattr(hashed_save, "_dcp_writers", {})
+    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
     folder = tmp_path / "step=1.ckpt"
     folder.mkdir()
     with warnings.catch_warnings():

@@ -32,8 +32,7 @@ from sprite.runtime.ckpt.gcpause import paused_gc
 _WRITTEN: dict[str, tuple[int, int, int, dict, bool]] = {}
 _collect: list | None = None  # the background writes of the save seal.py is running, while it runs
 _host = None  # this rank's reusable host buffers (stage.HostCopy)
-_dcp_writers: dict = {}  # mode -> this rank's FileSystemWriter for async saves (in thread mode it keeps its pinned
-#                         host copy from save to save)
+_dcp_writer = None  # this rank's thread-mode FileSystemWriter (keeps its pinned host copy from save to save)
 
 
 class Pending:
@@ -198,13 +197,15 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
 def forget() -> None:
     """After this process's process group ended and before another starts (a warm pool's next role): the next
     save makes its own writer and gloo group instead of using ones tied to the group that ended."""
+    global _dcp_writer
     from sprite.runtime.ckpt import background
 
-    _dcp_writers.clear()
+    _dcp_writer = None
     background.forget()
 
 
 def _async_dcp(state: dict, path, group) -> Pending:
+    global _dcp_writer
     from torch.distributed.checkpoint import async_save
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
@@ -214,7 +215,7 @@ def _async_dcp(state: dict, path, group) -> Pending:
     if mode == "process":  # a writer per save (dcp_write's docstring: torch 2.11 cannot reuse the stager)
         writer = dcp_write.writer(path)
     else:
-        writer = _dcp_writers.get(mode) or _dcp_writers.setdefault(mode, dcp_write.writer(path))
+        writer = _dcp_writer = _dcp_writer or dcp_write.writer(path)
     with paused_gc():
         future = async_save(state, checkpoint_id=path, storage_writer=writer, process_group=group,
                             async_checkpointer_type=AsyncCheckpointerType(mode))
