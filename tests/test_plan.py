@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -111,6 +112,49 @@ def test_derived_port_is_the_same_in_another_process():
                            cwd=OUTSIDE_CHECKOUT)
     assert int(other.stdout) == rendezvous.port_from_job_id("123.pbs")
     assert rendezvous.port_from_job_id("123.pbs") != rendezvous.port_from_job_id("124.pbs")
+
+
+def _listening(port: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", port))
+    sock.listen()
+    return sock
+
+
+def test_a_taken_rendezvous_port_on_this_host_is_refused_before_launch():
+    """Two jobs on one node can derive the same port: rank 0 would fail with EADDRINUSE while its peers join
+    the other job's store. Only a live listener on this machine counts; rank 0 elsewhere cannot be checked."""
+    with _listening() as holder:
+        port = str(holder.getsockname()[1])
+        here = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
+        with pytest.raises(UsageError, match=f"port {port} on 127.0.0.1 is already in use") as err:
+            rendezvous.check_free(here)
+        assert "--master-port" in err.value.fix
+        with pytest.raises(UsageError):  # this host under its own name, short or long
+            rendezvous.check_free({**here, "MASTER_ADDR": "nid001.hsn.example"}, hostname="nid001")
+        rendezvous.check_free({**here, "MASTER_ADDR": "nid002"}, hostname="nid001")  # rank 0 is not here
+        rendezvous.check_free({**here, "WORLD_SIZE": "1"})  # one rank: no process group, nothing listens
+    rendezvous.check_free(here)  # closed: free again
+
+
+def test_sprite_run_stops_with_exit_2_when_the_derived_port_is_taken(clean_env, sprite_cmd, example_script,
+                                                                       tmp_path):
+    job = "4242"
+    env = {**clean_env, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": socket.gethostname().split(".")[0]}
+    port = rendezvous.port_from_job_id(job)
+    try:
+        holder = _listening(port)
+    except OSError:
+        pytest.skip(f"port {port} is in use on this machine already")
+    run_dir = tmp_path / "run"
+    with holder:
+        out = subprocess.run([*sprite_cmd, "run", "--launcher", "local", "--devices", "2", "--run-dir",
+                              str(run_dir), example_script], env=env, capture_output=True, text=True,
+                             cwd=OUTSIDE_CHECKOUT, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert f"rendezvous port {port} on 127.0.0.1 is already in use" in out.stderr
+    assert "--master-port" in out.stderr and "Traceback" not in out.stderr
+    assert not run_dir.exists()  # refused before anything was created
 
 
 def test_local_plan_uses_supervisor_and_loopback(clean_env, example_script):

@@ -183,9 +183,10 @@ def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, opt
               fault_option: str = "--fault") -> dict:
     """Plans, launches and judges one preflight into ``out``; returns the report (saved as preflight.json).
 
-    Raises UsageError for a world that cannot be launched here, a bad fault, a used ``out``, a missing launcher.
+    Raises UsageError for a world that cannot be launched here, a bad fault, a used ``out``, a missing launcher or
+    a taken rendezvous port.
     """
-    from sprite.launch.execute import resolve_program
+    from sprite.launch.execute import check_ready
     from sprite.parity.preflight import report
     from sprite.parity.preflight.settings import parse_faults
 
@@ -193,7 +194,7 @@ def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, opt
     launch_plan = plan(out, base, environ, spec_file)
     faults = parse_faults(fault_values, launch_plan.world.hosts, fault_option)
     settings = settings_for(flags_for(out, base), faults, options, environ, spec_file, launch_plan)
-    resolve_program(launch_plan)
+    check_ready(launch_plan)
     prepare(out, settings, launch_plan)
     launched = launch(out, launch_plan, options.deadline, options.grace)
     result = judge(out, settings, launch_plan, launched)

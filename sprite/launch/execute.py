@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sprite.integrity import owner_only
 from sprite.errors import UsageError
+from sprite.launch import rendezvous
 from sprite.launch.plan import LaunchPlan
 
 _HINTS = {
@@ -49,6 +50,13 @@ def resolve_program(plan: LaunchPlan) -> str:
                 _HINTS.get(program, f"Install {program} or choose another --launcher."),
             )
     return found[0]
+
+
+def check_ready(plan: LaunchPlan) -> None:
+    """Before a launch creates anything: its launcher program is found and, where rank 0 listens on this
+    machine, its rendezvous port is free. Raises UsageError otherwise."""
+    resolve_program(plan)
+    rendezvous.check_free(plan.env)
 
 
 def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: float | None = None,

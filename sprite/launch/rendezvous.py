@@ -9,11 +9,12 @@ Values inherited from the caller's environment are replaced, with a note saying 
 
 from __future__ import annotations
 
+import errno
 import socket
 import zlib
 from typing import Callable, Mapping
 
-from sprite.errors import one_line
+from sprite.errors import UsageError, one_line
 
 # Derived ports stay inside [PORT_BASE, PORT_BASE + PORT_SPAN): above the registered well-known services most
 # sites run, and below Linux's default ephemeral range (32768-60999), so a derived port never collides with an
@@ -47,6 +48,39 @@ def master_port(job_id: str, explicit: int | None, pick_free: Callable[[], int] 
     if job_id:
         return port_from_job_id(job_id)
     return pick_free()
+
+
+def hosted_here(addr: str, hostname: str) -> bool:
+    """Whether rank 0, which listens at ``addr``, runs on this machine (named ``hostname``)."""
+    return addr in ("127.0.0.1", "localhost") or addr.split(".")[0] == hostname.split(".")[0]
+
+
+def taken(port: int) -> bool:
+    """Whether something on this machine listens on ``port`` already. SO_REUSEADDR as torch's TCPStore sets
+    it, so a socket an earlier attempt left in TIME_WAIT does not count: only a live listener does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as err:
+            return err.errno == errno.EADDRINUSE
+    return False
+
+
+def check_free(env: Mapping[str, str], hostname: str = "") -> None:
+    """Before a launch: raise UsageError when rank 0 would listen on this machine and its port is taken.
+
+    Without this, rank 0 fails with EADDRINUSE while the other ranks may join the listener's store (another
+    job's) and wait there. Two jobs on one node get the same derived port when their ids' hashes agree
+    modulo PORT_SPAN. Rank 0 on another host cannot be checked from here; a world of one rank listens nowhere.
+    """
+    addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    if env.get("WORLD_SIZE", "1") == "1" or not port.isdigit() or not hosted_here(addr, hostname or socket.gethostname()) or not taken(int(port)):
+        return
+    raise UsageError(f"The rendezvous port {port} on {addr} is already in use, so rank 0 could not listen there.",
+                     "Another job on this node uses it (the port derived from two job ids can be the same), or "
+                     "a process of an earlier run still holds it.",
+                     "Pass --master-port with a free port (or set master_port: in the spec).")
 
 
 def replaced(environ: Mapping[str, str], env: Mapping[str, str]) -> list[str]:

@@ -118,9 +118,10 @@ def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
     """Create the run folder and the rank-log folder, run every attempt, write the completion record and run.json;
     returns the exit code.
 
-    Raises UsageError when the launcher program is missing (before anything is created).
+    Raises UsageError when the launcher program is missing or rank 0's port on this machine is taken (before
+    anything is created).
     """
-    execute.resolve_program(plan)
+    execute.check_ready(plan)
     rundir.create(run.path)
     if preflight is not None:  # --preflight (sprite.cli.preflight): may leave failed nodes out, or stop (exit 1)
         plan = preflight(run, plan)
