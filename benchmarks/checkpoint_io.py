@@ -464,6 +464,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.repeats < 1 or args.devices < 1 or args.every < 1 or args.steps < 0:
         parser.error("--repeats, --devices and --every must be 1 or more, --steps 0 or more")
+    if args.threads < 0 or not 0 <= args.switch_interval <= 1:  # Python refuses a switch interval of 0 or less
+        parser.error("--threads must be 0 or more and --switch-interval between 0 and 1 second (0: the default)")
     if args.worker:
         worker(args)
         return 0

@@ -196,13 +196,16 @@ def test_the_end_of_a_script_waits_for_the_background_thread(tmp_path):
     assert done.read_text() == "on disk"
 
 
-def test_the_checkpoint_benchmark_refuses_a_zero_repeat_count_in_one_line():
+@pytest.mark.parametrize("bad", [["--repeats", "0"], ["--threads", "-1"], ["--switch-interval", "-0.001"],
+                                 ["--switch-interval", "5"]])
+def test_the_checkpoint_benchmark_refuses_a_bad_setting_in_one_line(bad):
     import subprocess
     import sys
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "checkpoint_io.py"
-    run = subprocess.run([sys.executable, str(script), "--repeats", "0"], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "Traceback" not in run.stderr
+    run = subprocess.run([sys.executable, str(script), *bad], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith("checkpoint_io.py: error: "), run.stderr
 
 
 def test_background_saves_get_a_gloo_group_in_a_one_rank_world_too(tmp_path):
