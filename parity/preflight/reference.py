@@ -80,8 +80,8 @@ def measure(device: torch.device, kind, precisions: tuple[str, ...], size: int, 
             fault: str | None = None) -> dict:
     """Runs the computation once untimed (warm-up), then ``repeats`` times, each between two device
     synchronisations. Returns the digests of the last run and its times: ``seconds`` (fastest repetition, robust
-    to other work on the machine) and ``all_seconds``. The "slow" fault sleeps three times the repetition's own
-    compute time inside each timed repetition."""
+    to other work on the machine) and ``all_seconds``. The "slow" fault sleeps nine times the repetition's own
+    compute time inside each timed repetition (10x: far past --slow-factor even on busy shared cores)."""
     results = run_once(device, precisions, size, kind.autocast, fault)
     times = []
     for _ in range(repeats):
@@ -91,7 +91,7 @@ def measure(device: torch.device, kind, precisions: tuple[str, ...], size: int, 
         kind.synchronize(device)
         took = time.perf_counter() - start
         if fault == "slow":
-            time.sleep(3 * took)
+            time.sleep(9 * took)
         times.append(time.perf_counter() - start)
     return {"digests": {name: digest(tensor) for name, tensor in results.items()},
             "seconds": min(times), "all_seconds": times}
