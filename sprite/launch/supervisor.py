@@ -7,7 +7,8 @@ environment); output lines are prefixed ``[rank N]``; only the ranks ``--ranks``
 ``--log-dir`` every rank's lines go to ``DIR/rank<N>.log`` (a new file). When a rank fails, the others are stopped
 (SIGTERM, SIGKILL after a grace period) and the supervisor exits with its code; exit 75 (stopped for preemption) is
 no failure: the others get PREEMPT_WAIT s to do the same. SIGINT/SIGTERM stop every rank; SIGUSR1/SIGUSR2 are
-passed on.
+passed on. On CPU the ranks are forked from this process once it has imported torch and Lightning, which they
+then do not import again (sprite.launch.warmstart; SPRITE_FORK_RANKS=0 starts fresh interpreters).
 """
 
 from __future__ import annotations
@@ -25,25 +26,38 @@ from pathlib import Path
 from sprite.integrity import owner_only
 from sprite.contract import console as console_grammar
 from sprite.errors import EXIT_PREEMPTED
+from sprite.launch import warmstart
 from sprite.launch.procgroup import die_with_parent, pump, stop_groups as stop_all
 
 PREEMPT_WAIT = 60.0  # seconds the others get after one rank stopped for preemption (they leave together)
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
 
 
-def start_rank(rank: int, nproc: int, cmd: list[str], log_dir: Path | None, lock, console: bool = True) -> tuple:
-    """Start one rank with its own process group; returns (Popen, pump threads, log file).
-
-    Raises FileExistsError when ``log_dir`` already holds this rank's log (logs are never appended to).
-    """
+def rank_env(rank: int, nproc: int) -> dict:
+    """Rank ``rank``'s environment: this process's, with the rank variables."""
     env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc),
            "NODE_RANK": "0", "GROUP_RANK": "0", "PYTHONUNBUFFERED": "1"}
     env.setdefault("WORLD_SIZE", str(nproc))
     # N ranks each using every core oversubscribe the CPU (torchrun sets 1 for the same reason); give each
     # rank its share unless the user chose a value.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return env
+
+
+def start_rank(rank: int, nproc: int, cmd: list[str], warm: bool = False):
+    """Start one rank with its own process group: a fresh interpreter, or with ``warm`` a fork of this process
+    (sprite.launch.warmstart). Returns the process, or in a forked child the warmstart.Rank it is to run."""
+    env = rank_env(rank, nproc)
+    if warm:
+        return warmstart.fork(env, cmd)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=die_with_parent)
+
+
+def attach(rank: int, proc, log_dir: Path | None, lock: threading.Lock, console: bool = True) -> tuple:
+    """Copy a started rank's output (prefixed ``[rank N]``) to the console and its log; returns (process, pump
+    threads, log file). Raises FileExistsError when ``log_dir`` already holds this rank's log (logs are never
+    appended to)."""
     log = owner_only.open_log(log_dir / f"rank{rank}.log") if log_dir else None
     prefix = f"[rank {rank}] ".encode()
     sinks = (sys.stdout.buffer, sys.stderr.buffer) if console else (None, None)
@@ -93,7 +107,10 @@ def supervise(procs: list[subprocess.Popen], received: list[int]) -> int:
         time.sleep(0.1)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, may_fork: bool = False):
+    """Start and supervise the ranks; returns the exit code. With ``may_fork`` (run as a program, never when
+    called in a process of someone else's) the ranks may be forked from this process: in such a child it returns
+    the warmstart.Rank to run instead."""
     parser = argparse.ArgumentParser(prog="python -m sprite.launch.supervisor", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, required=True, help="ranks to start on this machine")
     parser.add_argument("--log-dir", type=Path, help="also write rank N's output to DIR/rankN.log (0600, in 0700 "
@@ -115,7 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cannot run {cmd[0]!r}: no such program on PATH")
     lock = threading.Lock()
     shown = set(console_grammar.members(args.ranks, args.nproc))
-    started = [start_rank(rank, args.nproc, cmd, args.log_dir, lock, rank in shown) for rank in range(args.nproc)]
+    # No thread may run before the last fork: every rank starts before any output is copied.
+    warm = may_fork and warmstart.wanted(cmd) and warmstart.warm_up(args.nproc)
+    procs = []
+    for rank in range(args.nproc):
+        proc = start_rank(rank, args.nproc, cmd, warm)
+        if isinstance(proc, warmstart.Rank):
+            return proc
+        procs.append(proc)
+    started = [attach(rank, proc, args.log_dir, lock, rank in shown) for rank, proc in enumerate(procs)]
     code = supervise([proc for proc, _, _ in started], received)
     for _, pumps, log in started:
         for thread in pumps:
@@ -126,4 +151,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    outcome = main(may_fork=True)
+    if isinstance(outcome, warmstart.Rank):  # a forked rank, out of the supervisor's frames
+        warmstart.run(outcome)
+    else:
+        sys.exit(outcome)
