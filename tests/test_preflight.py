@@ -166,6 +166,17 @@ def test_the_known_answer_is_what_the_ranks_reference_computation_gives():
     assert faulty["digests"]["exact-fp32"] != criterion.exact_digest("fp32", 40)
 
 
+def test_the_timed_repetitions_span_half_a_second_so_a_busy_moment_is_not_the_fastest():
+    torch = pytest.importorskip("torch")
+    from sprite.parity.preflight import reference
+    from sprite.runtime.devices import device_type
+
+    found = reference.measure(torch.device("cpu"), device_type("cpu"), ("fp32",), 40, 3)
+    times = found["all_seconds"]
+    assert len(times) > 3 and (sum(times) >= 0.9 * reference.MIN_SECONDS or len(times) == reference.MAX_REPEATS)
+    assert found["seconds"] == min(times)
+
+
 # --- settings, faults and the watcher ---
 
 def test_faults_parse_and_refuse_with_one_line_each():
