@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 from sprite import contract
@@ -53,10 +54,10 @@ def wanted(cmd: list[str], environ=os.environ) -> bool:
     return devicecount.nvidia_gpus(environ) == 0 and not devicecount.intel_cards()
 
 
-def warm_up(nproc: int) -> bool:
-    """Import what every rank imports first; False (ranks start fresh) when that fails. OMP_NUM_THREADS is set
-    before ``import torch`` as ``start_rank`` would set it for each rank: OpenMP reads it when it is loaded."""
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+def warm_up(omp_threads: str) -> bool:
+    """Import what every rank imports first; False (ranks start fresh) when that fails. ``omp_threads``, the
+    ranks' OMP_NUM_THREADS, is set here before ``import torch``: OpenMP reads it when it is loaded."""
+    os.environ["OMP_NUM_THREADS"] = omp_threads
     try:
         for name in WARM_MODULES:
             __import__(name)
@@ -98,8 +99,6 @@ class Forked:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        import time
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
