@@ -84,3 +84,19 @@ def test_an_unwritable_folder_warns_once_and_never_raises(written, tmp_path, cap
     err = capsys.readouterr().err
     assert err.count("sprite: warning: cannot write the heartbeat") == 1
     assert "file system every node sees" in err
+
+
+@pytest.mark.parametrize("phase", heartbeat.ENDED)
+def test_leaving_keeps_the_time_of_the_last_progress(written, tmp_path, phase):
+    """goodput's productive time ends at a rank's last progress: a fit's teardown before ``done`` (or the exit
+    after a preemption save) must not move the beat's time."""
+    heart = progress.Heart(tmp_path, rank=0, interval=60)
+    heart.update(heartbeat.TRAINING, 0)
+    heart.update(step=5)
+    stepped = heart.beat.time
+    time.sleep(0.05)
+    heart.update(phase, 5)
+    last = heartbeat.read_all(tmp_path)[0]
+    assert (last.phase, last.step, last.time) == (phase, 5, stepped)
+    heart.update(heartbeat.TRAINING, 6)  # a later step (a second fit in the same script) is progress again
+    assert heart.beat.time > stepped

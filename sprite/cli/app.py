@@ -169,8 +169,8 @@ def env_command(
 def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
     """The ``--env NAME=VALUE`` options as a mapping (``--env NAME`` ones are ``_env_names``)."""
     pairs = {}
-    for value in values or ():
-        name, sep, val = value.partition("=")
+    for pair in values or ():
+        name, sep, val = pair.partition("=")
         if sep and not name:
             raise UsageError("An --env option has a value but no NAME.", "",
                              "Write it as --env NAME or --env NAME=VALUE.")
@@ -180,7 +180,7 @@ def _env_pairs(values: Optional[List[str]]) -> Optional[dict]:
 
 
 def _env_names(values: Optional[List[str]]) -> Optional[list]:
-    names = [value for value in values or () if "=" not in value]
+    names = [pair for pair in values or () if "=" not in pair]
     return names or None
 
 

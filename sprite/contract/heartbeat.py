@@ -19,6 +19,7 @@ from sprite import contract
 START, TRAINING, VALIDATION, SAVE, DONE = "start", "training step", "validation", "checkpoint save", "done"
 PREEMPTED = "preempted"  # saved a checkpoint after the preemption signal and stopped (exit 75)
 PHASES = (START, TRAINING, VALIDATION, SAVE, DONE, PREEMPTED)
+ENDED = (DONE, PREEMPTED)  # the script has returned or stopped: no progress comes after these
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Beat:
     step: int
     phase: str
     count: int
-    time: float  # the rank's wall clock; the watchdog measures stalls on its own clock
+    time: float  # the rank's wall clock at its last progress (not at leaving); the watchdog uses its own clock
     first_step: int = -1
 
     @property

@@ -21,7 +21,7 @@ _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training 
                heartbeat.DONE: "done with the script", heartbeat.PREEMPTED: "stopped for preemption"}
 
 
-_ENDED = (heartbeat.DONE, heartbeat.PREEMPTED)
+_ENDED = heartbeat.ENDED
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,11 @@ class Heart:
             old = self.beat
             now_step = old.step if step is None else step
             first = now_step if old.first_step < 0 and (phase or old.phase) == heartbeat.TRAINING else old.first_step
-            self.beat = replace(old, phase=phase or old.phase, step=now_step, count=old.count + 1, time=time.time(),
-                                first_step=first)
+            # Leaving (done, preempted) is not progress: the beat keeps the time of the last step, so goodput's
+            # productive time ends there and a fit's teardown counts as other.
+            ended = phase in heartbeat.ENDED
+            self.beat = replace(old, phase=phase or old.phase, step=now_step, count=old.count + 1,
+                                time=old.time if ended else time.time(), first_step=first)
             self._dirty = True
         if phase is not None and phase != old.phase:
             self._flush()
