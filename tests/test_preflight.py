@@ -177,6 +177,28 @@ def test_the_timed_repetitions_span_half_a_second_so_a_busy_moment_is_not_the_fa
     assert found["seconds"] == min(times)
 
 
+def test_the_slow_fault_makes_every_timed_repetition_ten_times_its_compute(monkeypatch):
+    """docs/preflight.md: the ``slow`` fault sleeps 9x its compute time in every timed repetition (10x in all)."""
+    torch = pytest.importorskip("torch")
+    from sprite.parity.preflight import reference
+    from sprite.runtime.devices import device_type
+
+    slept, real_sleep = [], time.sleep
+
+    def sleep(seconds):  # what was asked, and how long the sleep really took
+        start = time.perf_counter()
+        real_sleep(seconds)
+        slept.append((seconds, time.perf_counter() - start))
+
+    monkeypatch.setattr(reference.time, "sleep", sleep)
+    found = reference.measure(torch.device("cpu"), device_type("cpu"), ("fp32",), 40, 3, fault="slow")
+    times = found["all_seconds"]
+    assert len(slept) == len(times) >= 3
+    for took, (asked, really) in zip(times, slept):
+        compute = took - really
+        assert compute > 0 and asked == pytest.approx(9 * compute, rel=0.1, abs=2e-4)
+        assert took >= 10 * compute * 0.98
+
 # --- settings, faults and the watcher ---
 
 def test_faults_parse_and_refuse_with_one_line_each():
