@@ -1,11 +1,13 @@
 """A 2-rank CPU fit that records what a forked rank must have as a fresh interpreter would (tests/test_warmstart.py).
 
-Each rank writes OUT/rank<N>.json before and after a short fit; at exit an atexit handler writes OUT/atexit<N>.
+Each rank writes OUT/rank<N>.json after a short fit (with its private memory after a full collection); at exit an
+atexit handler writes OUT/atexit<N>.
 ``--fail-rank N`` makes rank N exit with code 3 after its record.
 """
 
 import argparse
 import atexit
+import gc
 import json
 import os
 import signal
@@ -35,6 +37,13 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+def memory() -> dict:
+    """This process's resident memory in kB: ``Rss``, and ``private`` (pages no other process maps)."""
+    with open("/proc/self/smaps_rollup") as f:
+        fields = {line.split(":")[0]: int(line.split()[1]) for line in f if line.split()[-1:] == ["kB"]}
+    return {"rss": fields["Rss"], "private": fields["Private_Clean"] + fields["Private_Dirty"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -56,6 +65,8 @@ def main() -> None:
                         enable_model_summary=False)
     trainer.fit(model, DataLoader(data, batch_size=8))
     record["losses"] = model.losses
+    gc.collect()  # a full collection: it writes to every object it traverses
+    record["memory_kb"] = memory()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     if rank == args.fail_rank:
