@@ -3,7 +3,8 @@
 Baseline: `sprite run --devices 2 examples/train.py --max-steps 20` (one 2-rank CPU fit). Against it:
 (a) the full BF16 parity check with both loss-level faults, 2 CPU ranks, in warm pools (the default; target
     within 2.5x), and the same check with --fresh-processes (every arm its own launch, as before the pools);
-(b) a `tiny` bench sweep of 1,2 (target within 2x);
+(b) a `tiny` bench sweep of 1,2 (target within 2x), with its timed windows printed apart (no start-up saving
+    removes them);
 (c) with --ckpt-check: `sprite ckpt-check --devices 2` (FP32, tiny) in warm pools against the same check with
     --fresh-processes (target: at least 2x faster).
 Runs are interleaved per repeat, so a drift of the machine spreads over all of them.
@@ -14,6 +15,7 @@ Runs are interleaved per repeat, so a drift of the machine spreads over all of t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -47,6 +49,12 @@ def timed(args: list[str], env: dict, cwd: str) -> float:
     return seconds
 
 
+def timed_windows(bench_out: Path) -> float:
+    """The seconds of every timed window of a bench run, summed over its launches (rank 0's records)."""
+    return sum(window["seconds"] for record in bench_out.glob("runs/*/*/rank0.json")
+               for window in json.loads(record.read_text())["windows"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
@@ -56,6 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     env = clean_env()
     runs = {"fit": [], "parity": [], "parity_fresh": [], "bench": [], "ckpt": [], "ckpt_fresh": []}
+    bench_timed = []  # seconds of the bench's timed windows, summed over its launches (rank 0's clock)
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             out = Path(tmp) / str(repeat)
@@ -69,6 +78,7 @@ def main() -> None:
             if not args.no_bench:
                 runs["bench"].append(timed(["bench", "--model", "tiny", "--sweep", "1,2", "--accelerator", "cpu",
                                             "--out", str(out / "bench")], env, tmp))
+                bench_timed.append(timed_windows(out / "bench"))
             if args.ckpt_check:
                 check = ["ckpt-check", "--devices", "2", "--accelerator", "cpu"]
                 runs["ckpt"].append(timed([*check, "--out", str(out / "ckpt")], env, tmp))
@@ -86,6 +96,11 @@ def main() -> None:
             seconds = statistics.median(runs[key])
             goal = f" (target {target}x)" if target else ""
             print(f"{what}: {seconds:.1f} s, ratio {seconds / fit:.2f}{goal}")
+    if bench_timed:
+        floor = statistics.median(bench_timed)
+        print(f"  of which the timed steps themselves: {floor:.1f} s, {floor / fit:.2f}x the fit (no start-up saving "
+              f"removes them); the rest: {statistics.median(runs['bench']) - floor:.1f} s, "
+              f"{(statistics.median(runs['bench']) - floor) / fit:.2f}x")
     if runs["parity"] and runs["parity_fresh"]:
         speedup = statistics.median(runs["parity_fresh"]) / statistics.median(runs["parity"])
         print(f"warm pools vs fresh processes: {speedup:.2f}x faster")
