@@ -73,6 +73,9 @@ def test_plain_torch_distributed_script_reduces_across_the_launched_world(runs, 
     assert {(s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"], s["world"]) for s in seen} == {("2", "2", 2)}
     assert len({(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen}) == 1
     assert "never joined" not in proc.stdout + proc.stderr
+    # sprite's runtime imports Lightning only when the script does: a rank of a plain script started as a fresh
+    # interpreter never pays for it; the local launcher's CPU ranks are forked from a supervisor that imported it
+    assert {s["lightning_imported"] for s in seen} == {launcher == "local"}
 
 
 @pytest.mark.parametrize("launcher, extra, strategy, precision", [

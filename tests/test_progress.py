@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from sprite.contract import heartbeat
 from sprite.runtime import beats as progress
+from sprite.runtime import trainer_wrap
 
 
 class Tiny(L.LightningModule):
@@ -47,10 +48,11 @@ def written(monkeypatch, tmp_path):
 def test_a_fit_reports_each_phase_and_the_save_inside_it(written, tmp_path):
     heart = progress.start({"SPRITE_RUN_DIR": str(tmp_path), "SPRITE_ATTEMPT": "1",
                             "SPRITE_HEARTBEAT_SECONDS": "60"}, rank=0)
+    trainer_wrap.mark_saves()  # as the runtime does once the script has imported Lightning
     (tmp_path / "heartbeat" / "attempt-1").mkdir(parents=True, exist_ok=True)
     heart.where = tmp_path / "heartbeat" / "attempt-1"
     trainer = L.Trainer(max_steps=6, val_check_interval=3, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=progress.callbacks(),
+                        enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=trainer_wrap.progress_callbacks(),
                         num_sanity_val_steps=0)
     trainer.fit(Tiny(), data(), data())
     progress.finish(trainer.global_step)

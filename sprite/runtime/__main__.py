@@ -1,11 +1,12 @@
 """``python -m sprite.runtime SCRIPT ARGS...``: run a script as one rank of the launched world.
 
 Reads the ``SPRITE_*`` contract, exports the standard ``RANK``/``WORLD_SIZE``/... variables from the launcher's own
-(standard_env.py), registers sprite's accelerator and strategies with Lightning, makes every ``Trainer(...)`` and
-``Fabric(...)`` the script builds run the launched world, then runs the script as ``__main__`` with its own argv
-and reports a world smaller than the launched one (world_check.py; docs/scripts.md).
-Without any ``SPRITE_*`` variable it runs the script as a single process with the "xpu" accelerator registered.
-"""
+(standard_env.py), starts the heartbeat, then runs the script as ``__main__`` with its own argv and reports a world
+smaller than the launched one (world_check.py; docs/scripts.md). When the script first imports Lightning (at once
+in a rank forked from a warm supervisor), sprite registers its accelerator and strategies and makes every
+``Trainer(...)`` and ``Fabric(...)`` the script builds run the launched world; a script that never imports
+Lightning never pays for it. Without any ``SPRITE_*`` variable it runs the script as a single process with the
+"xpu" accelerator registered."""
 
 from __future__ import annotations
 
@@ -35,11 +36,7 @@ def run(argv: list[str]) -> None:
 
     preempting = preempt_signal.install(os.environ)  # first: the signal may come during the imports below
     from sprite.runtime import beats as progress
-    from sprite.runtime import config, preempt, pytorch_lightning_guard, registry
-    from sprite.runtime.ckpt import seal as ckpt_seal
-    from sprite.runtime.ckpt import resume
-    from sprite.runtime.ckpt import rng_state
-    from sprite.runtime import fabric_wrap, standard_env, trainer_wrap, world_check
+    from sprite.runtime import config, hooks, pytorch_lightning_guard, standard_env, world_check
 
     cfg = config.from_env(os.environ)
     rank = 0
@@ -47,22 +44,17 @@ def run(argv: list[str]) -> None:
         ranks = standard_env.export(os.environ, cfg)  # before anything reads RANK: a plain script, Lightning
         standard_env.bind_device(cfg, ranks.local_rank)
         rank = ranks.global_rank
-    registry.register()
-    ckpt_seal.install()
-    rng_state.install()
-    resume.install(resume.mode(os.environ))
-    if preempting:
-        preempt.install()
     if cfg is not None:
         progress.start(os.environ, rank)  # the stall watchdog's heartbeat (beats.py)
-        trainer_wrap.install(cfg)
-        fabric_wrap.install(cfg)
         world_check.install(rank)
         pytorch_lightning_guard.install(cfg)
         if cfg.launcher != "srun":
             # Lightning 2.6.6 fabric/plugins/environments/slurm.py:205 tells every rank to "prepend srun" whenever
             # srun is on PATH; sprite chose this launcher on purpose, so the hint only misleads.
             warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
+    # The rest wraps Lightning: done when the script first imports it (`import lightning` imports
+    # lightning.pytorch too), so a plain torch script's ranks never import Lightning (about 3 s of CPU a rank here).
+    hooks.after_import("lightning.pytorch", lambda: _prepare_lightning(cfg, preempting))
     sys.argv = [script, *argv[1:]]
     # As `python SCRIPT` would: the script's folder first on sys.path. Under PYTHONSAFEPATH (set by sprite's
     # plans) `-m` put no cwd entry there to replace, so the folder is inserted instead.
@@ -75,6 +67,26 @@ def run(argv: list[str]) -> None:
                 joined=lambda: world_check.check(cfg.world_size, rank, cfg.checks) if cfg is not None else None)
 
 
+def _prepare_lightning(cfg, preempting: bool) -> None:
+    """Register sprite's accelerator and strategies with Lightning and make its Trainer and Fabric run the launched
+    world (``cfg`` None: registration only), right after the script's first import of Lightning."""
+    from sprite.runtime import fabric_wrap, preempt, registry, trainer_wrap
+    from sprite.runtime.ckpt import resume
+    from sprite.runtime.ckpt import rng_state
+    from sprite.runtime.ckpt import seal as ckpt_seal
+
+    registry.register()
+    ckpt_seal.install()
+    rng_state.install()
+    resume.install(resume.mode(os.environ))
+    if preempting:
+        preempt.install()
+    if cfg is not None:
+        trainer_wrap.mark_saves()  # the checkpoint-save phase in the heartbeat
+        trainer_wrap.install(cfg)
+        fabric_wrap.install(cfg)
+
+
 def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
     """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, wait
     for the background checkpoint work (durable.py), say so to the watchdog, end every rank together
@@ -82,16 +94,19 @@ def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
     rank (exit 1) if a checkpoint it saved in the background failed after the last save that could say so;
     stopped for preemption, wait for that work too and exit 75 (preempt.py); failing, leave the process group at
     once (finish.abandon) so the rank exits with its own code."""
-    from sprite.runtime import finish, preempt, world_check
+    from sprite.runtime import finish, world_check
     from sprite.runtime.ckpt import durable
     from sprite.runtime import beats as progress
 
     try:
         runpy.run_path(script, run_name="__main__")
-    except preempt.Preempted as stopped:  # a SystemExit: caught first
-        durable.drain()
-        raise SystemExit(preempt.exit_preempted(stopped)) from None
     except SystemExit as exit:
+        # Only preempt.py's callback raises Preempted, and it is loaded with Lightning: a plain script's rank
+        # must not import it (and Lightning with it) here.
+        preempt = sys.modules.get("sprite.runtime.preempt")
+        if preempt is not None and isinstance(exit, preempt.Preempted):
+            durable.drain()
+            raise SystemExit(preempt.exit_preempted(exit)) from None
         if launched and exit.code in (None, 0):
             durable.settle()  # checkpoints on disk and superseded ones removed, while the process group lives
             progress.finish()

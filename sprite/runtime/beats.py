@@ -1,4 +1,6 @@
-"""This rank's progress for sprite's stall watchdog: a heartbeat file kept current by a Lightning callback.
+"""This rank's progress for sprite's stall watchdog: a heartbeat file kept current by a Lightning callback
+(trainer_wrap.py, loaded once the script imports Lightning) or by ``sprite.beat()``. This module imports neither torch
+nor Lightning.
 
 A phase change (start, training step, validation, checkpoint save, done) is written at once; step and batch
 progress within a phase is written by a daemon thread at most every ``SPRITE_HEARTBEAT_SECONDS``, so a step costs
@@ -16,8 +18,6 @@ import threading
 import time
 from dataclasses import replace
 from typing import Optional
-
-from lightning.pytorch import Callback, Trainer
 
 from sprite import contract
 from sprite.contract import heartbeat
@@ -77,36 +77,6 @@ class Heart:
                 self._flush()
 
 
-class ProgressCallback(Callback):
-    """Reports each step boundary and phase change of a fit to this rank's Heart."""
-
-    def __init__(self, heart: Heart) -> None:
-        self.heart = heart
-        self._before_validation = heartbeat.START
-
-    def on_fit_start(self, trainer, pl_module):
-        self.heart.update(heartbeat.START, trainer.global_step)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.heart.update(heartbeat.TRAINING, trainer.global_step)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.heart.update(step=trainer.global_step)
-
-    def on_validation_start(self, trainer, pl_module):
-        self._before_validation = self.heart.beat.phase
-        self.heart.update(heartbeat.VALIDATION, trainer.global_step)
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        self.heart.update()
-
-    def on_validation_end(self, trainer, pl_module):
-        self.heart.update(self._before_validation, trainer.global_step)
-
-    def on_fit_end(self, trainer, pl_module):
-        self.heart.update(heartbeat.DONE, trainer.global_step)
-
-
 def start(env, rank: int) -> Optional[Heart]:
     """Start this rank's heartbeat when the launch asked for one (``SPRITE_RUN_DIR`` set); else None."""
     global _current
@@ -119,7 +89,11 @@ def start(env, rank: int) -> Optional[Heart]:
         interval = 5.0
     _current = Heart(where, rank, interval)
     hang_dump.start(_current, env, rank, interval)  # this rank's stacks when it stops advancing (issue 27)
-    _wrap_save_checkpoint()
+    return _current
+
+
+def current() -> Optional[Heart]:
+    """This rank's Heart, or None when the launch asked for no heartbeat."""
     return _current
 
 
@@ -130,33 +104,7 @@ def beat(step: Optional[int] = None) -> None:
         _current.update(heartbeat.TRAINING, _current.beat.step + 1 if step is None else int(step))
 
 
-def callbacks() -> list:
-    """The callbacks a Trainer of this launch gets: the progress reporter when a heartbeat runs."""
-    return [ProgressCallback(_current)] if _current is not None else []
-
-
 def finish(step: Optional[int] = None, phase: str = heartbeat.DONE) -> None:
     """Say this rank's script has returned (``phase`` PREEMPTED: it stopped for preemption)."""
     if _current is not None:
         _current.update(phase, step)
-
-
-def _wrap_save_checkpoint() -> None:
-    """Mark ``Trainer.save_checkpoint`` (ModelCheckpoint calls it too) as the checkpoint save phase."""
-    original = Trainer.save_checkpoint
-    if getattr(original, "_sprite_progress", False):
-        return
-
-    def save_checkpoint(self, *args, **kwargs):
-        before = _current.beat.phase if _current else None
-        if _current:
-            _current.update(heartbeat.SAVE, self.global_step)
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            if _current:
-                _current.update(before, self.global_step)
-
-    save_checkpoint._sprite_progress = True
-    save_checkpoint.__wrapped__ = original
-    Trainer.save_checkpoint = save_checkpoint

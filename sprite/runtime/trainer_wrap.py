@@ -2,13 +2,15 @@
 
 ``PL_TRAINER_*`` environment defaults cannot carry plugins (Lightning 2.6.6 utilities/argparse.py,
 _defaults_from_env_vars), so sprite wraps ``lightning.pytorch.Trainer.__init__`` instead. Every check here runs
-inside that call, before Lightning creates a process group; the fit-start checks go in as a callback (fit_checks).
+inside that call, before Lightning creates a process group; the fit-start checks go in as a callback (fit_checks),
+and so does the heartbeat's reporter of steps and phases (ProgressCallback, writing through beats.py).
 """
 
 from __future__ import annotations
 
 import functools
 
+from lightning.pytorch import Callback
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import Strategy
 
@@ -20,6 +22,7 @@ from sprite.runtime.devices import DeviceType
 from sprite.runtime.checks.fit import FitChecks
 from sprite.runtime.kwargs import make_strategy
 from sprite.runtime.precision import MIXED, XPUMixedPrecision, normalize_precision
+from sprite.contract import heartbeat
 from sprite.runtime import beats as progress
 from sprite.runtime.ckpt import cadence
 
@@ -87,7 +90,7 @@ def install(cfg: RuntimeConfig) -> None:
     def __init__(self, *args, **kwargs):
         world_check.seen("Trainer")
         kwargs = launched_trainer_kwargs(cfg, kwargs)
-        reporters = [*progress.callbacks(), *cadence.callbacks()]  # heartbeat (beats.py), first step + cadence
+        reporters = [*progress_callbacks(), *cadence.callbacks()]  # heartbeat (beats.py), first step + cadence
         if reporters:  # the stall watchdog's heartbeat (progress.py)
             given = kwargs.get("callbacks")
             kwargs["callbacks"] = [*([] if given is None else given if isinstance(given, (list, tuple)) else
@@ -96,3 +99,63 @@ def install(cfg: RuntimeConfig) -> None:
 
     __init__._sprite_launch = cfg
     Trainer.__init__ = __init__
+
+
+class ProgressCallback(Callback):
+    """Reports each step boundary and phase change of a fit to this rank's Heart."""
+
+    def __init__(self, heart: progress.Heart) -> None:
+        self.heart = heart
+        self._before_validation = heartbeat.START
+
+    def on_fit_start(self, trainer, pl_module):
+        self.heart.update(heartbeat.START, trainer.global_step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.heart.update(heartbeat.TRAINING, trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.heart.update(step=trainer.global_step)
+
+    def on_validation_start(self, trainer, pl_module):
+        self._before_validation = self.heart.beat.phase
+        self.heart.update(heartbeat.VALIDATION, trainer.global_step)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.heart.update()
+
+    def on_validation_end(self, trainer, pl_module):
+        self.heart.update(self._before_validation, trainer.global_step)
+
+    def on_fit_end(self, trainer, pl_module):
+        self.heart.update(heartbeat.DONE, trainer.global_step)
+
+
+def progress_callbacks() -> list:
+    """The heartbeat's reporter for a Trainer of this launch, when the launch asked for a heartbeat."""
+    heart = progress.current()
+    return [ProgressCallback(heart)] if heart is not None else []
+
+
+def mark_saves() -> None:
+    """Mark ``Trainer.save_checkpoint`` (ModelCheckpoint calls it too) as the checkpoint save phase."""
+    from lightning.pytorch import Trainer
+
+    original = Trainer.save_checkpoint
+    if getattr(original, "_sprite_progress", False):
+        return
+
+    def save_checkpoint(self, *args, **kwargs):
+        heart = progress.current()
+        before = heart.beat.phase if heart else None
+        if heart:
+            heart.update(heartbeat.SAVE, self.global_step)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if heart:
+                heart.update(before, self.global_step)
+
+    save_checkpoint._sprite_progress = True
+    save_checkpoint.__wrapped__ = original
+    Trainer.save_checkpoint = save_checkpoint

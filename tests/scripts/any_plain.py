@@ -28,6 +28,7 @@ if "--alone" in sys.argv:
 dist.init_process_group("gloo")  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)
-seen.update(sum=value.item(), rank=dist.get_rank(), world=dist.get_world_size())
+seen.update(sum=value.item(), rank=dist.get_rank(), world=dist.get_world_size(),
+            lightning_imported="lightning.pytorch" in sys.modules)
 (out / f"plain{dist.get_rank()}.json").write_text(json.dumps(seen))
 dist.destroy_process_group()
