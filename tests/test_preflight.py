@@ -101,6 +101,20 @@ def test_slow_compares_with_the_median_of_the_other_ranks_so_two_ranks_suffice()
     assert criterion.slow_problems({0: _good(0, 0.1), 1: _good(1, 0.19), 2: _good(2, 0.1)}, 2.0) == {}
 
 
+def test_slow_takes_each_ranks_faster_window_so_a_busy_start_up_is_not_a_slow_node():
+    """Timed before the rendezvous, a rank may share the cores with the others' start-up (simulated nodes on one
+    machine); timed again after the all-reduces (``seconds_again``), the faster window counts."""
+    computed = {0: _good(0, 0.1), 1: _good(1, 0.4)}
+    busy_start = {0: {**_final(0, 2), "seconds_again": 0.1}, 1: {**_final(1, 2), "seconds_again": 0.12}}
+    assert _failed(_judge(computed, busy_start, hosts=HOSTS[:2])) == {}
+    slow_twice = {0: {**_final(0, 2), "seconds_again": 0.1}, 1: {**_final(1, 2), "seconds_again": 0.5}}
+    assert _failed(_judge(computed, slow_twice, hosts=HOSTS[:2])) == {
+        "n1": {"slow": ["rank 1: 0.400 s, 4.0x the median of the other 1 rank(s) (limit 2x)"]}}
+    odd = {0: {**_final(0, 2), "seconds_again": "fast"}, 1: {**_final(1, 2), "seconds_again": True}}
+    assert _failed(_judge(computed, odd, hosts=HOSTS[:2])) == {  # a malformed second window counts as missing
+        "n1": {"slow": ["rank 1: 0.400 s, 4.0x the median of the other 1 rank(s) (limit 2x)"]}}
+
+
 def test_the_median_of_the_other_ranks_is_found_without_copying_the_list():
     import statistics
 

@@ -9,7 +9,8 @@ A node fails a check when one of its ranks does:
   from the golden digest known for its device kind and torch version, or a stage differs from the majority of
   the ranks of its device kind (ranks already known wrong do not vote; with no majority every rank of the tie
   fails, since none can be trusted);
-* ``slow``: its fastest repetition took more than ``slow_factor`` times the median of the other ranks of its kind;
+* ``slow``: its fastest repetition (of both timed windows) took more than ``slow_factor`` times the median of the
+  other ranks of its kind;
 * ``collective``: it never finished its all-reduces (sprite stopped the launch while it hung), or a collective
   failed while every rank of the world reported (a link, not a peer, is at fault). A timeout caused by a silent
   peer is noted on the healthy ranks, not failed.
@@ -167,11 +168,24 @@ def judge(hosts: tuple[str, ...], per_node: int, computed: dict[int, dict], fina
         "reported": {r: ["wrote no record (never started, or died first)"] for r in range(world) if r not in computed},
         "devices": device_problems(computed, expected_devices),
         "result": result_problems(computed, size, golden),
-        "slow": slow_problems(computed, slow_factor),
+        "slow": slow_problems(fastest(computed, final), slow_factor),
     }
     found["collective"], notes = collective_problems(computed, final, world)
-    return [_node(node, host, range(node * per_node, (node + 1) * per_node), found, notes, computed, final)
+    timed = fastest(computed, final)
+    return [_node(node, host, range(node * per_node, (node + 1) * per_node), found, notes, timed, final)
             for node, host in enumerate(hosts)]
+
+
+def fastest(computed: dict[int, dict], final: dict[int, dict]) -> dict[int, dict]:
+    """The compute records with ``seconds`` the faster of a rank's two timed windows: before the rendezvous, and
+    after the all-reduces when the rank got that far (``seconds_again``; every rank had started by then, so other
+    ranks' start-up no longer shared its cores)."""
+    out = {}
+    for rank, record in computed.items():
+        again, first = final.get(rank, {}).get("seconds_again"), record.get("seconds")
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (again, first))
+        out[rank] = {**record, "seconds": min(first, again)} if numbers else record
+    return out
 
 
 def _lowest(values):
