@@ -164,14 +164,14 @@ def judge(hosts: tuple[str, ...], per_node: int, computed: dict[int, dict], fina
     """One verdict per node, in node order: host, ok, failed checks with their reasons (rank-prefixed), notes,
     compute time (the node's slowest rank) and the all-reduces' bus bandwidth (the node's lowest)."""
     world = len(hosts) * per_node
+    timed = fastest(computed, final)
     found = {
         "reported": {r: ["wrote no record (never started, or died first)"] for r in range(world) if r not in computed},
         "devices": device_problems(computed, expected_devices),
         "result": result_problems(computed, size, golden),
-        "slow": slow_problems(fastest(computed, final), slow_factor),
+        "slow": slow_problems(timed, slow_factor),
     }
     found["collective"], notes = collective_problems(computed, final, world)
-    timed = fastest(computed, final)
     return [_node(node, host, range(node * per_node, (node + 1) * per_node), found, notes, timed, final)
             for node, host in enumerate(hosts)]
 

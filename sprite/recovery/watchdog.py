@@ -21,8 +21,6 @@ _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training 
                heartbeat.DONE: "done with the script", heartbeat.PREEMPTED: "stopped for preemption"}
 
 
-_ENDED = heartbeat.ENDED
-
 
 @dataclass(frozen=True)
 class Limits:
@@ -102,7 +100,7 @@ class Watch:
     def limit_in_force(self, beats: dict[int, Beat]) -> tuple[float, str]:
         if any(beat.phase == heartbeat.SAVE for beat in beats.values()):
             return self.limits.save, "save allowance"
-        if len(beats) == self.world_size and all(beat.phase in _ENDED for beat in beats.values()):
+        if len(beats) == self.world_size and all(beat.phase in heartbeat.ENDED for beat in beats.values()):
             # Every rank has finished training; leaving (destroying the process group, interpreter exit) can
             # take longer than a step under load: seen at load 10 with --stall-timeout 5 (issue 30's scenarios).
             return self.limits.first_step, "exit allowance"

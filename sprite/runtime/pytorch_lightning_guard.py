@@ -3,17 +3,17 @@
 ``pytorch_lightning`` is a separate copy of Lightning with its own classes: sprite's accelerator, strategies and
 cluster environments subclass ``lightning.pytorch`` classes, which its Trainer rejects. Left alone, its Trainer
 would see LOCAL_RANK, take 1 device and train every rank as a world of one (or self-spawn workers under mpiexec).
-A meta-path hook wraps its Trainer when (and only if) the script imports it, so sprite never imports it itself.
+Its Trainer is wrapped when (and only if) the script imports it (hooks.after_import), so sprite never imports it
+itself.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import sys
 
 from sprite.errors import UsageError
+from sprite.runtime import hooks
 
 _MODULE = "pytorch_lightning.trainer.trainer"
 
@@ -28,30 +28,19 @@ def _refusing(original, cfg):
             "Import Lightning as `import lightning.pytorch as pl` (or `import lightning as L`) in the script.",
         )
 
+    __init__._sprite_refusing = True
     return __init__
 
 
-class _Hook(importlib.abc.MetaPathFinder):
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def find_spec(self, name, path, target=None):
-        if name != _MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module, cfg = spec.loader.exec_module, self.cfg
-
-        def patched(module):
-            exec_module(module)
-            module.Trainer.__init__ = _refusing(module.Trainer.__init__, cfg)
-
-        spec.loader.exec_module = patched
-        return spec
-
-
 def install(cfg) -> None:
-    """Install the hook for a launched world of more than one process (a world of one runs as is)."""
-    if cfg.world_size > 1 and not any(isinstance(f, _Hook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Hook(cfg))
+    """Refuse its Trainer in a launched world of more than one process (a world of one runs as is), once the script
+    imports it (hooks.after_import)."""
+    if cfg.world_size <= 1:
+        return
+
+    def refuse() -> None:
+        trainer = sys.modules[_MODULE].Trainer
+        if not getattr(trainer.__init__, "_sprite_refusing", False):
+            trainer.__init__ = _refusing(trainer.__init__, cfg)
+
+    hooks.after_import(_MODULE, refuse)
