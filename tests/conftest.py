@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,6 +55,66 @@ def pytest_collection_modifyitems(config, items):
     if stray - set(SLURM_MODULES):
         raise pytest.UsageError(f"{', '.join(sorted(stray - set(SLURM_MODULES)))} use(s) the slurm fixture: add it"
                                 " to SLURM_MODULES in tests/conftest.py, so that one pytest-xdist worker runs them all.")
+
+
+# The suite's CPU ranks are forks of one warm server a worker (sprite.launch.warmserver, docs/run.md): each
+# launch then stops paying torch's and Lightning's import in its supervisor and every rank. A module whose tests
+# are about processes as a fresh launch makes them (the process tree, what a rank imported, its memory) sets
+# FRESH_RANKS = True; SPRITE_TEST_WARM=0 runs the whole suite without the server.
+WARM_SERVER = "SPRITE_WARM_SERVER"
+
+
+def sprite_free_env(strip=(), base=None) -> dict:
+    """``base`` (os.environ) without the names in ``strip`` and without sprite's own variables, as on a machine
+    where sprite never ran; the warm server's socket stays, since it belongs to the machine, not to a run."""
+    return {k: v for k, v in (os.environ if base is None else base).items()
+            if k not in strip and (k == WARM_SERVER or not k.startswith("SPRITE_"))}
+
+
+def start_warm_server(folder: Path, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+    """``python -m sprite.launch.warmserver`` with its socket ``folder/s.sock`` and its log ``folder/warm.log``
+    (stderr in ``folder/server.err``), under the PYTHONSAFEPATH that sprite's plans give every rank."""
+    sock = folder / "s.sock"
+    with open(folder / "server.err", "w") as err:
+        server = subprocess.Popen([sys.executable, "-m", "sprite.launch.warmserver", "--socket", str(sock), "--log",
+                                   str(folder / "warm.log")], cwd=OUTSIDE_CHECKOUT, start_new_session=True,
+                                  env={**(os.environ if env is None else env), "PYTHONSAFEPATH": "1"},
+                                  stdout=subprocess.DEVNULL, stderr=err)
+    return server, sock
+
+
+def stop_warm_server(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_server(tmp_path_factory):
+    """One warm server for this worker's launches, its socket in SPRITE_WARM_SERVER. Launches made before it is
+    ready (its imports take seconds) start their ranks as they always did."""
+    if os.environ.get("SPRITE_TEST_WARM", "1") == "0" or not sys.platform.startswith("linux"):
+        yield None
+        return
+    server, sock = start_warm_server(tmp_path_factory.mktemp("warm"))
+    os.environ[WARM_SERVER] = str(sock)
+    yield sock
+    os.environ.pop(WARM_SERVER, None)
+    stop_warm_server(server)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_ranks(request):
+    """For a module with FRESH_RANKS = True: no warm server while its tests and fixtures run."""
+    if not getattr(request.module, "FRESH_RANKS", False) or WARM_SERVER not in os.environ:
+        yield
+        return
+    saved = os.environ.pop(WARM_SERVER)
+    yield
+    os.environ[WARM_SERVER] = saved
 
 
 @pytest.fixture(autouse=True)

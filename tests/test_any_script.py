@@ -19,6 +19,7 @@ import pytest
 from sprite.contract import heartbeat
 from sprite.contract.heartbeat import Beat
 from sprite.recovery.watchdog import Limits, Watch
+from conftest import WARM_SERVER, sprite_free_env
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PLAIN, FABRIC = str(SCRIPTS / "any_plain.py"), str(SCRIPTS / "any_fabric.py")
@@ -30,7 +31,9 @@ FLAGS = {"local": ["--launcher", "local"], "mpiexec": ["--launcher", "mpiexec"],
 
 def launch(sprite_cmd, cwd: Path, flags: list[str], script: str, args: list[str], env: dict | None = None
            ) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    base = sprite_free_env(STRIP)
+    if script == PLAIN:  # what a plain script's fresh ranks import is under test: no warm server's forks
+        base.pop(WARM_SERVER, None)
     base["PATH"] = f"{VENV_BIN}{os.pathsep}{base.get('PATH', '')}"  # the MPICH wheel's mpiexec lives here
     cmd = [*sprite_cmd, "run", "--run-dir", str(cwd / "run"), *flags, script, *args]
     return subprocess.run(cmd, cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=300)

@@ -22,6 +22,7 @@ import pytest
 
 from sprite import integrity
 from sprite.errors import EXIT_PREEMPTED
+from conftest import sprite_free_env
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ STRIP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env = sprite_free_env(STRIP)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update({key: str(value) for key, value in extra.items()})
     return env

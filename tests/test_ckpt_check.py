@@ -24,7 +24,7 @@ from sprite.parity.ckpt.cli import app
 from sprite.parity.ckpt.criterion import FAMILIES
 from sprite.parity.ckpt.settings import FAULTS
 
-from conftest import OUTSIDE_CHECKOUT
+from conftest import OUTSIDE_CHECKOUT, WARM_SERVER
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -277,7 +277,10 @@ def test_consolidate_refuses_an_altered_shard(fp32, tmp_path, sprite_cmd):
     assert run.returncode == 1 and "__0_0.distcp" in run.stderr and not (tmp_path / "x.ckpt").exists()
 
 
-def test_a_launch_past_the_time_limit_ends_the_check_as_not_executed(tmp_path):
+def test_a_launch_past_the_time_limit_ends_the_check_as_not_executed(tmp_path, monkeypatch):
+    # Fresh ranks, as a user without a warm server has: their start-up outlasts the limit, and `ps` shows their
+    # command lines (a warm server's forks show the server's)
+    monkeypatch.delenv(WARM_SERVER, raising=False)
     out = tmp_path / "check"
     code, text = invoke("--out", str(out), "--devices", "2", "--time-limit", "2")
     assert code == 1 and "verdict: FAIL" in text
@@ -294,7 +297,8 @@ def test_sigterm_stops_the_running_launches_and_exits_130(tmp_path, sprite_cmd, 
     import time
 
     out = tmp_path / "check"
-    proc = subprocess.Popen([*sprite_cmd, "ckpt-check", "--out", str(out)], env=clean_env, stdout=subprocess.PIPE,
+    env = {k: v for k, v in clean_env.items() if k != WARM_SERVER}  # fresh ranks: `ps` shows their command lines
+    proc = subprocess.Popen([*sprite_cmd, "ckpt-check", "--out", str(out)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while f"{out} --launch" not in processes():

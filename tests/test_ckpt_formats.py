@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sprite import integrity
+from conftest import sprite_free_env
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "dcp_v1" / "epoch=0-step=3.ckpt"
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "ckpt_fit.py")
@@ -55,7 +56,7 @@ def test_torchs_reader_and_sprites_consolidate_read_the_old_format_alike(old, tm
 
 @pytest.mark.slow
 def test_resume_loads_the_old_format_and_trains_on(old, sprite_cmd, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env = sprite_free_env(STRIP)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     result = subprocess.run([*sprite_cmd, "run", "--devices", "2", "--strategy", "fsdp", "--resume", str(old),
                              SCRIPT, "--out", str(tmp_path), "--tag", "r", "--ckpt-dir", str(tmp_path / "new"),

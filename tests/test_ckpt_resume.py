@@ -21,6 +21,7 @@ import pytest
 from sprite import integrity
 from sprite.integrity import audit
 from sprite.runtime.ckpt import save as hashed_save
+from conftest import sprite_free_env
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ STRIP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE
 
 
 def fit(sprite_cmd, root: Path, tag: str, flags: list, ckpt: Path, *args) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env = sprite_free_env(STRIP)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # the MPICH wheel's mpiexec
     cmd = [*sprite_cmd, "run", "--devices", "2", *flags, SCRIPT, "--out", str(root), "--tag", tag,
            "--ckpt-dir", str(ckpt), *args]

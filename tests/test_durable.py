@@ -15,6 +15,7 @@ from sprite import integrity
 from sprite.runtime.ckpt import durable
 from sprite.runtime.ckpt import save as hashed_save
 from sprite.runtime.ckpt import seal
+from conftest import sprite_free_env
 
 
 @pytest.fixture(autouse=True)
@@ -189,7 +190,7 @@ def test_the_end_of_a_script_waits_for_the_background_thread(tmp_path):
     script = tmp_path / "script.py"
     script.write_text("import time\nfrom sprite.runtime.ckpt import durable\n"
                       f"durable.later(lambda: (time.sleep(1), open({str(done)!r}, 'w').write('on disk')))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPRITE_")}
+    env = sprite_free_env()
     run = subprocess.run([sys.executable, "-m", "sprite.runtime", str(script)], env=env, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import slurm_cluster
+from conftest import sprite_free_env
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 FIT, PLAIN = str(SCRIPTS / "multinode_fit.py"), str(SCRIPTS / "any_plain.py")
@@ -32,7 +33,7 @@ STRATEGY_CLASS = {"ddp": "XPUDDPStrategy", "fsdp": "FSDP2Strategy"}
 
 
 def _env(extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env = sprite_free_env(STRIP)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # MPICH's mpiexec and sprite
     return {**env, **extra}
 

@@ -33,6 +33,7 @@ from slurm_cluster import slurm  # noqa: F401  (fixture)
 from sprite import integrity
 from sprite.integrity import audit
 from sprite.errors import EXIT_PREEMPTED
+from conftest import sprite_free_env
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ STRIP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE
 
 
 def _env(base=None) -> dict:
-    env = {k: v for k, v in (base or os.environ).items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env = sprite_free_env(STRIP, base)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # the MPICH wheel's mpiexec first
     return env
 

@@ -16,6 +16,7 @@ import pytest
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "fit_faults.py")
 pytestmark = pytest.mark.slow
+FRESH_RANKS = True  # the process tree of a launch is under test: no warm server's forks (conftest.py)
 
 
 def _stat(pid: int) -> tuple[str, str] | None:

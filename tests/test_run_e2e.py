@@ -15,6 +15,8 @@ import pytest
 
 from sprite.launch import rendezvous
 
+FRESH_RANKS = True  # the process tree of a launch is under test: no warm server's forks (conftest.py)
+
 ENV_DUMP = """
 import json, os, sys
 from sprite import contract

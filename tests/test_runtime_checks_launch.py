@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import sprite_free_env
 
 PROBE = str(Path(__file__).resolve().parent / "scripts" / "checks_probe.py")
 VENV_BIN = str(Path(sys.executable).parent)
@@ -53,7 +54,7 @@ def runs(sprite_cmd, tmp_path_factory):
     def get(name: str) -> Run:
         if name not in done:
             flags, args, extra = RUNS[name]
-            env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+            env = sprite_free_env(STRIP)
             env.update(extra, PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}")
             cmd = [*sprite_cmd, "run", "--devices", "2", "--accelerator", "cpu", *flags, PROBE,
                    "--out", str(root / name), *args]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import sprite_free_env
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PROBE = str(SCRIPTS / "runtime_probe.py")
@@ -22,7 +23,7 @@ STRIP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE
 
 
 def sprite_run(sprite_cmd, cwd: Path, flags: list[str], script: str, args: list[str]) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env = sprite_free_env(STRIP)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # the MPICH wheel's mpiexec lives here
     cmd = [*sprite_cmd, "run", *flags, script, *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
@@ -118,7 +119,7 @@ def test_lightning_alone_still_autocasts_cuda_for_an_accelerator_instance(tmp_pa
     """The evidence for XPUMixedPrecision (accelerator_connector.py:489): when this fails, the workaround can go."""
     out = tmp_path / "plain"
     args = ["--out", str(out), "--accelerator-instance", "--precision", "bf16-mixed", "--max-steps", "1"]
-    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env = sprite_free_env(STRIP)
     proc = subprocess.run([sys.executable, PROBE, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "rank0.json").read_text())["linear_dtypes"] == ["torch.float32"]

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import sprite_free_env
+
 from slurm_cluster import slurm  # noqa: F401  (fixture)
 from sprite.launch.stage import archive as archmod
 from sprite.launch.stage import node
@@ -86,7 +88,7 @@ def node_local(tmp_path):
 
 
 def _env(extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in STRIP and not k.startswith("SPRITE_")}
+    env = sprite_free_env(STRIP)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # MPICH's mpiexec
     return {**env, **extra}
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,16 +15,20 @@ import pytest
 from sprite import contract
 from sprite.launch import devicecount, warmstart
 
-from conftest import LEAK_GUARDED, OUTSIDE_CHECKOUT, SCHEDULER_VARS
+from conftest import LEAK_GUARDED, OUTSIDE_CHECKOUT, SCHEDULER_VARS, WARM_SERVER, start_warm_server, stop_warm_server
+
+FRESH_RANKS = True  # fresh interpreters against forks of the supervisor: no warm server (conftest.py)
 
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "warm_probe.py")
 
 
-def _launch(sprite_cmd, root: Path, tag: str, fork: bool, *extra: str) -> dict:
+def _launch(sprite_cmd, root: Path, tag: str, fork: bool, *extra: str, server: Path | None = None) -> dict:
     out = root / tag
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in (*LEAK_GUARDED, *SCHEDULER_VARS)}
     env[warmstart.OPT_OUT] = "1" if fork else "0"
+    if server:
+        env[WARM_SERVER] = str(server)
     done = subprocess.run([*sprite_cmd, "run", "--devices", "2", "--accelerator", "cpu", "--run-dir",
                            str(out / "run"), SCRIPT, str(out), *extra], env=env, cwd=OUTSIDE_CHECKOUT,
                           capture_output=True, text=True, timeout=300)
@@ -35,8 +40,15 @@ def _launch(sprite_cmd, root: Path, tag: str, fork: bool, *extra: str) -> dict:
 @pytest.fixture(scope="module")
 def fits(sprite_cmd, tmp_path_factory):
     root = tmp_path_factory.mktemp("warm")
-    return {"fork": _launch(sprite_cmd, root, "fork", True), "fresh": _launch(sprite_cmd, root, "fresh", False),
-            "fail": _launch(sprite_cmd, root, "fail", True, "--fail-rank", "1")}
+    server, sock = start_warm_server(tmp_path_factory.mktemp("server"))
+    found = {"fork": _launch(sprite_cmd, root, "fork", True), "fresh": _launch(sprite_cmd, root, "fresh", False),
+             "fail": _launch(sprite_cmd, root, "fail", True, "--fail-rank", "1")}
+    deadline = time.monotonic() + 180
+    while not sock.exists() and time.monotonic() < deadline and server.poll() is None:
+        time.sleep(0.2)
+    found["served"] = _launch(sprite_cmd, root, "served", True, server=sock)
+    stop_warm_server(server)
+    return found
 
 
 @pytest.mark.slow
@@ -58,7 +70,17 @@ def test_forked_ranks_train_and_end_as_fresh_interpreters_do(fits):
         # gc.freeze() in the supervisor keeps the imported pages shared after the rank's own full collection:
         # measured here, a forked rank's private memory 34 MB (120 MB without the freeze), a fresh rank's 288 MB
         assert forked["memory_kb"]["private"] <= 0.25 * started["memory_kb"]["private"], (forked, started)
-    for found in (fork, fresh):  # numpy's global generator: seeded apart in every rank
+    served = fits["served"]  # the ranks forked by a warm server (sprite.launch.warmserver)
+    assert served["code"] == 0, served["stderr"][-3000:]
+    for rank in (0, 1):
+        got, started = served["records"][rank], fresh["records"][rank]
+        assert "sprite.launch.warmserver" in got["cmdline"]
+        for key in ("losses", "main", "handlers", "threads"):
+            assert got[key] == started[key], key
+        assert (got["rank_zero_only"], got["argv"]) == (rank, [str(served["out"])])
+        assert (served["out"] / f"atexit{rank}").exists()
+        assert got["memory_kb"]["private"] <= 0.25 * started["memory_kb"]["private"], (got, started)
+    for found in (fork, fresh, served):  # numpy's global generator: seeded apart in every rank
         assert found["records"][0]["numpy_draw"] != found["records"][1]["numpy_draw"]
         said = found["stdout"] + found["stderr"]
         assert "[rank 0] GPU available" in said and "[rank 1] GPU available" not in said

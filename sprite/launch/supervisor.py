@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None, may_fork: bool = False):
     lock = threading.Lock()
     shown = set(console_grammar.members(args.ranks, args.nproc))
     # No thread may run before the last fork: every rank starts before any output is copied.
-    warm = may_fork and warmstart.wanted(cmd) and warmstart.warm_up(rank_env(0, args.nproc)["OMP_NUM_THREADS"])
+    # With a warm server (sprite.launch.warmserver) the ranks are its forks and this process imports nothing.
+    warm = (may_fork and warmstart.wanted(cmd) and not warmstart.server_waiting()
+            and warmstart.warm_up(rank_env(0, args.nproc)["OMP_NUM_THREADS"]))
     procs = []
     for rank in range(args.nproc):
         proc = start_rank(rank, args.nproc, cmd, warm)

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from sprite import contract
+from sprite.contract import warm
 
 OPT_OUT = "SPRITE_FORK_RANKS"  # "0": start every rank as a fresh interpreter
 WARM_MODULES = ("torch", "lightning.pytorch")
@@ -54,10 +55,23 @@ def wanted(cmd: list[str], environ=os.environ) -> bool:
     return devicecount.nvidia_gpus(environ) == 0 and not devicecount.intel_cards()
 
 
-def warm_up(omp_threads: str) -> bool:
+def server_waiting(environ=os.environ) -> bool:
+    """Whether a warm server's socket is there for the ranks (sprite.contract.warm): they start as its forks."""
+    import stat
+
+    path = environ.get(warm.SERVER)
+    try:
+        return bool(path) and stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def warm_up(omp_threads: str | None) -> bool:
     """Import what every rank imports first; False (ranks start fresh) when that fails. ``omp_threads``, the
-    ranks' OMP_NUM_THREADS, is set here before ``import torch``: OpenMP reads it when it is loaded."""
-    os.environ["OMP_NUM_THREADS"] = omp_threads
+    ranks' OMP_NUM_THREADS, is set here before ``import torch``: OpenMP reads it when it is loaded (None: each
+    forked rank sets its own, sprite.launch.warmserver)."""
+    if omp_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = omp_threads
     try:
         for name in WARM_MODULES:
             __import__(name)
@@ -111,8 +125,6 @@ def fork(env: dict, cmd: list[str]) -> Forked | Rank:
     """Fork one rank: in the supervisor a :class:`Forked`; in the child, set up as the module docstring says, a
     :class:`Rank` to hand back to the top of the supervisor module (the earlier ranks' pipe ends, which the child
     inherits, close as the supervisor's frames holding them go)."""
-    from sprite.launch.procgroup import die_with_parent
-
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     sys.stdout.flush()
@@ -122,12 +134,21 @@ def fork(env: dict, cmd: list[str]) -> Forked | Rank:
         os.close(out_w)
         os.close(err_w)
         return Forked(pid, out_r, err_r)
-    os.setsid()
-    die_with_parent()
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     for fd in (out_r, out_w, err_r, err_w):
         os.close(fd)
+    become_rank(env)
+    return Rank(argv=cmd[3:])
+
+
+def become_rank(env: dict) -> None:
+    """In a process just forked from a warm one: become what a fresh ``python -m sprite.runtime`` with ``env``
+    would be (the module docstring's list), its standard streams already in place."""
+    from sprite.launch.procgroup import die_with_parent
+
+    os.setsid()
+    die_with_parent()
     for sig in RESET:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -141,7 +162,6 @@ def fork(env: dict, cmd: list[str]) -> Forked | Rank:
     rank_zero_only.rank = int(env.get("RANK", "0"))
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
-    return Rank(argv=cmd[3:])
 
 
 def run(rank: Rank) -> None:

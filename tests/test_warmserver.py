@@ -1,0 +1,154 @@
+"""The warm server (sprite.launch.warmserver) and its client in every rank (sprite.contract.warm): a served rank is
+a fork that has what a fresh interpreter would have had, ends as the rank ends, takes the launcher's signals, dies
+with its stand-in, and a rank the server must not fork runs as it always did."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sprite.contract import warm
+
+from conftest import OUTSIDE_CHECKOUT, WARM_SERVER, start_warm_server, stop_warm_server
+
+FRESH_RANKS = True  # this module's own server, whose log it reads (conftest.py)
+PROBE = str(Path(__file__).resolve().parent / "scripts" / "warm_served.py")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("server")
+    proc, sock = start_warm_server(folder)
+    deadline = time.monotonic() + 180
+    while not sock.exists():
+        assert proc.poll() is None, (folder / "server.err").read_text()
+        assert time.monotonic() < deadline, "the warm server did not start in 180 s"
+        time.sleep(0.2)
+    yield sock, folder / "warm.log"
+    stop_warm_server(proc)
+    assert not sock.exists()  # removed when the server stops
+
+
+def start(sock: Path, out: Path, mode: str = "", env: dict | None = None, **popen) -> subprocess.Popen:
+    full = {**{k: v for k, v in os.environ.items() if k != WARM_SERVER}, WARM_SERVER: str(sock),
+            "SPRITE_ACCELERATOR": "cpu", "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "sprite.runtime", PROBE, str(out), *([mode] if mode else [])],
+                            cwd=out, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def record(out: Path, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while not (out / "probe.json").exists():
+        assert time.monotonic() < deadline, "the rank wrote no record"
+        time.sleep(0.05)
+    return json.loads((out / "probe.json").read_text())
+
+
+def test_a_served_rank_takes_the_requesters_process_settings(server, tmp_path):
+    sock, log = server
+    read, write = os.pipe()
+    os.write(write, b"from the launcher")
+    os.close(write)
+
+    def as_a_launcher_left_it():
+        os.umask(0o027)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        os.sched_setaffinity(0, {0})
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = start(sock, tmp_path, env={"PROBE_FD": str(read)}, pass_fds=(read,), preexec_fn=as_a_launcher_left_it)
+    os.close(read)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    seen = record(tmp_path)
+    assert seen["pid"] != proc.pid and f"forked rank pid {seen['pid']}" in log.read_text()  # a fork of the server
+    assert seen["lightning_before"]  # imported by the server, not by this rank
+    assert (seen["cwd"], seen["umask"], seen["nofile"], seen["affinity"]) == (str(tmp_path), 0o027, 512, [0])
+    assert seen["threads"] == 1 and seen["hup_ignored"] and seen["fd_text"] == "from the launcher"
+    assert seen["argv"] == [str(tmp_path)]
+
+
+def test_the_rank_ends_its_stand_in_with_its_exit_code_or_its_signal(server, tmp_path):
+    sock, _ = server
+    for mode, wanted in (("exit3", 3), ("kill", -signal.SIGKILL), ("", 0)):
+        out = tmp_path / (mode or "done")
+        out.mkdir()
+        proc = start(sock, out, mode)
+        proc.communicate(timeout=120)
+        assert record(out)["pid"] != proc.pid and proc.returncode == wanted, (mode, proc.returncode)
+
+
+def test_signals_to_the_stand_in_reach_the_rank(server, tmp_path):
+    sock, _ = server
+    proc = start(sock, tmp_path, "usr1")
+    assert record(tmp_path)["pid"] != proc.pid
+    proc.send_signal(signal.SIGUSR1)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0 and (tmp_path / "usr1").exists()
+
+
+def test_a_killed_stand_in_takes_its_rank_with_it(server, tmp_path):
+    sock, _ = server
+    proc = start(sock, tmp_path, "sleep")
+    pid = record(tmp_path)["pid"]
+    assert pid != proc.pid and Path(f"/proc/{pid}").exists()
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"rank {pid} outlived its stand-in"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("env", [{"PYTHONHASHSEED": "7"}, {"SPRITE_ACCELERATOR": "cuda"}])
+def test_a_rank_the_server_must_not_fork_runs_as_it_always_did(server, tmp_path, env):
+    sock, log = server
+    proc = start(sock, tmp_path, env=env)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    seen = record(tmp_path)
+    assert seen["pid"] == proc.pid and not seen["lightning_before"]  # a fresh interpreter, as without a server
+    reason = "env differs" if "PYTHONHASHSEED" in env else "not on CPU"
+    assert reason in log.read_text()
+
+
+def test_no_server_at_the_path_runs_the_rank_here(tmp_path):
+    proc = start(tmp_path / "none.sock", tmp_path)
+    proc.communicate(timeout=180)
+    assert proc.returncode == 0 and record(tmp_path)["pid"] == proc.pid
+
+
+def test_the_server_never_replaces_a_path_and_says_what_to_do(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("the user's")
+    for path, said in ((taken, "exists"), (tmp_path / "no" / "s.sock", "is not a folder"),
+                       (tmp_path / ("x" * 120), "longer than")):
+        done = subprocess.run([sys.executable, "-m", "sprite.launch.warmserver", "--socket", str(path)],
+                              cwd=OUTSIDE_CHECKOUT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert taken.read_text() == "the user's"
+
+
+def test_a_message_carries_its_descriptors_and_a_closed_peer_reads_as_none():
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    read, write = os.pipe()
+    warm.send(left, {"argv": ["x"] * 5000}, [read])
+    message, fds = warm.receive(right, warm.MAX_FDS)
+    assert message == {"argv": ["x"] * 5000} and len(fds) == 1
+    os.write(write, b"!")
+    assert os.read(fds[0], 1) == b"!"
+    left.close()
+    assert warm.receive(right) == (None, [])
+    for fd in (read, write, fds[0]):
+        os.close(fd)
+    right.close()
