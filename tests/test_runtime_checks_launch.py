@@ -111,8 +111,8 @@ def test_strict_turns_a_warning_into_exit_2(runs):
     run = runs("strict")
     assert run.code == 2, run.text[-3000:]
     errors = run.lines("The validation set has 5 samples on 2 ranks")
-    assert errors and all("(an error because of --strict)" in line for line in errors)
-    assert not run.lines("sprite: warning: ") and not run.reports and "Traceback" not in run.text
+    assert errors and all("(an error because of --strict)" in line for line in errors), run.text[-3000:]
+    assert not run.lines("sprite: warning: ") and not run.reports and "Traceback" not in run.text, run.text[-3000:]
 
 
 def test_lightning_fsdp1_is_refused_before_the_process_group(runs):
