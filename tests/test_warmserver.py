@@ -152,3 +152,16 @@ def test_a_message_carries_its_descriptors_and_a_closed_peer_reads_as_none():
     for fd in (read, write, fds[0]):
         os.close(fd)
     right.close()
+
+
+@pytest.mark.parametrize("setting, served", [("0", False), ("1", True)])
+def test_the_suite_starts_its_server_unless_told_not_to(tmp_path, setting, served):
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import os\n\ndef test_server():\n"
+                     f"    assert ('SPRITE_WARM_SERVER' in os.environ) is {served}\n")
+    env = {**{k: v for k, v in os.environ.items() if k != WARM_SERVER}, "SPRITE_TEST_WARM": setting,
+           "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                           str(probe)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
