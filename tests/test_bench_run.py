@@ -11,6 +11,8 @@ import json
 import os
 import stat
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,6 +63,22 @@ def test_arms_ran_what_they_claim(ddp_sweep):
     assert not records["lightning"]["under_sprite"] and records["lightning"]["strategy_class"] == "DDPStrategy"
     assert records["raw"]["lightning"] is None and records["raw"]["strategy_class"] == "DistributedDataParallel"
     assert [w["mode"] for w in records["sprite"]["windows"]] == ["sync", "nosync", "sync", "nosync", "probe"]
+    # with baselines every arm starts as a fresh interpreter, although the suite's warm server is there
+    assert not any(record["warm_served"] for record in records.values())
+
+
+def test_a_sweep_without_baselines_on_cpu_runs_its_ranks_in_a_warm_server_of_its_own(tmp_path, sprite_cmd):
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "SPRITE_WARM_SERVER")}
+    private = Path(tempfile.gettempdir()).glob  # where the bench's own server puts its socket
+    before = set(private("sprite-warm-*"))
+    result, report = bench(sprite_cmd, env, out, "--sweep", "1,2", *STEP)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "starting a warm server for the CPU launches" in result.stdout
+    records = [json.loads(path.read_text()) for path in sorted(out.glob("runs/w*/sprite-r0/rank*.json"))]
+    assert len(records) == 3 and all(record["warm_served"] for record in records)
+    assert set(private("sprite-warm-*")) == before  # stopped and removed after
 
 
 def test_numbers_are_consistent(ddp_sweep):

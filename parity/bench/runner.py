@@ -7,6 +7,7 @@ drift of the machine (clocks, other jobs) spreads over all arms instead of one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -74,6 +75,24 @@ def check_plans(out: pathlib.Path, settings: BenchSettings) -> None:
     for world in settings.sweep:
         for arm in settings.arms:
             plan_arm(out, settings, world, arm, 0)
+
+
+def warm_launches(settings: BenchSettings, console: Console):
+    """How the launches' ranks start. With baselines, every arm as a fresh interpreter (a warm server's forks
+    would start sprite's arm differently from the baselines, which run their script without sprite's runtime).
+    Without, on CPU, as forks of one warm server (sprite.launch.warmserver; the user's, or one of the bench's
+    own that has also imported the model's libraries), so the sweep pays the imports once, not once a launch."""
+    import sys
+
+    from sprite import contract
+    from sprite.launch import warmserver, warmstart
+
+    if settings.baselines:
+        return warmserver.withheld()
+    if not warmstart.wanted([sys.executable, "-m", "sprite.runtime"], {contract.ACCELERATOR: settings.accelerator}):
+        return contextlib.nullcontext()
+    return warmserver.private(("transformers", "peft"),
+                              lambda line: console.print(line, markup=False, highlight=False))
 
 
 def run_all(out: pathlib.Path, settings: BenchSettings, console: Console) -> list[dict]:

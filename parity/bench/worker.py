@@ -11,6 +11,7 @@ import argparse
 import os
 import pathlib
 import platform
+import sys
 
 import torch
 
@@ -85,7 +86,9 @@ class Measure:
             "table_peak": {"tflops": peak.tflops, "source": peak.source}, "measured_peak": self.peak,
             "flops_per_step": self.flops.total, "flops_by_op": self.flops.by_op, "windows": self.timer.records,
             "memory": self.timer.memory, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "host": platform.node(), "pid": os.getpid(), **extra,
+            "python": platform.python_version(), "host": platform.node(), "pid": os.getpid(),
+            # a fork of a warm server (sprite.launch.warmserver) rather than a fresh interpreter
+            "warm_served": bool(getattr(sys.modules.get("sprite.contract.warm"), "SERVED", False)), **extra,
         }
         bench_store.write_rank(self.target, self.rank, record)
 

@@ -21,19 +21,26 @@ replaced. SIGTERM or SIGINT stops the server and removes its socket; the ranks i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from sprite.contract import warm
 from sprite.launch import warmstart
+from sprite.launch.procgroup import die_with_parent
+
+READY_SECONDS = 180.0  # a private server's imports; past this its launches start their ranks fresh
 
 
 class Stop(Exception):
@@ -245,6 +252,53 @@ def listen(path: Path) -> socket.socket:
     return sock
 
 
+@contextlib.contextmanager
+def private(modules: tuple[str, ...] = (), say=lambda line: None):
+    """A warm server of this process's own for the launches it makes inside the block (SPRITE_WARM_SERVER set
+    for them), stopped and removed after; without effect when one is set already. When it does not start, the
+    launches start their ranks fresh, as without it."""
+    if os.environ.get(warm.SERVER):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="sprite-warm-")  # 0700, and a short path: a socket path has ~100 bytes
+    sock = os.path.join(folder, "s.sock")
+    cmd = [sys.executable, "-m", "sprite.launch.warmserver", "--socket", sock, "--log", os.path.join(folder, "log")]
+    for name in modules:
+        cmd += ["--import", name]
+    say("starting a warm server for the CPU launches (sprite.launch.warmserver)")
+    server = subprocess.Popen(cmd, env={**os.environ, "PYTHONSAFEPATH": "1"}, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
+                              preexec_fn=die_with_parent)  # a killed caller leaves no server behind
+    deadline = time.monotonic() + READY_SECONDS
+    while not os.path.exists(sock) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not os.path.exists(sock):
+        say("the warm server did not start; the ranks start as fresh interpreters")
+    os.environ[warm.SERVER] = sock
+    try:
+        yield
+    finally:
+        del os.environ[warm.SERVER]
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def withheld():
+    """No warm server for the launches made inside the block (all of them start their ranks the same way)."""
+    saved = os.environ.pop(warm.SERVER, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[warm.SERVER] = saved
+
+
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(prog="python -m sprite.launch.warmserver",
                                      description=__doc__.split("\n\n")[0],
@@ -253,6 +307,8 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--socket", type=Path, required=True, help="the Unix socket to create (a new path; its "
                         "folder must exist)")
     parser.add_argument("--log", type=Path, help="append one line per request to this file (default: stderr)")
+    parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
+                        help="also import MODULE before serving (repeatable), for scripts that all import it")
     args = parser.parse_args(argv)
     if os.path.lexists(args.socket):
         parser.error(f"{args.socket} exists; sprite never replaces a path: remove it or choose another")
@@ -261,7 +317,7 @@ def main(argv: list[str] | None = None):
     if len(os.fsencode(args.socket)) > 100:
         parser.error(f"{args.socket} is longer than a Unix socket path may be (about 100 bytes); choose a shorter")
     os.environ.pop("OMP_NUM_THREADS", None)  # OpenMP reads it once, at load: each rank sets its own threads
-    if not warmstart.warm_up(None):
+    if not warmstart.warm_up(None, tuple(args.modules)):
         return 1
     import torch
 

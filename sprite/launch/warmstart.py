@@ -66,14 +66,14 @@ def server_waiting(environ=os.environ) -> bool:
         return False
 
 
-def warm_up(omp_threads: str | None) -> bool:
-    """Import what every rank imports first; False (ranks start fresh) when that fails. ``omp_threads``, the
-    ranks' OMP_NUM_THREADS, is set here before ``import torch``: OpenMP reads it when it is loaded (None: each
-    forked rank sets its own, sprite.launch.warmserver)."""
+def warm_up(omp_threads: str | None, extra: tuple[str, ...] = ()) -> bool:
+    """Import what every rank imports first (and ``extra``); False (ranks start fresh) when that fails.
+    ``omp_threads``, the ranks' OMP_NUM_THREADS, is set here before ``import torch``: OpenMP reads it when it is
+    loaded (None: each forked rank sets its own, sprite.launch.warmserver)."""
     if omp_threads is not None:
         os.environ["OMP_NUM_THREADS"] = omp_threads
     try:
-        for name in WARM_MODULES:
+        for name in (*WARM_MODULES, *extra):
             __import__(name)
     except Exception as err:  # noqa: BLE001  (any failure: the fresh ranks will show it in full)
         print(f"sprite: starting the ranks as fresh interpreters ({type(err).__name__} importing {name}).",
