@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -165,3 +167,33 @@ def test_the_suite_starts_its_server_unless_told_not_to(tmp_path, setting, serve
                            str(probe)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to listen as another user")
+def test_a_socket_of_another_user_gets_neither_the_environment_nor_the_descriptors(tmp_path):
+    folder = Path(tempfile.mkdtemp(prefix="sprite-other-user-"))  # pytest's own folders are root's only
+    folder.chmod(0o777)
+    sock, caught = folder / "s.sock", folder / "caught"
+    listener = ("import os, socket, sys\n"
+                "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(1)\n"
+                "conn, _ = s.accept(); conn.settimeout(20)\n"
+                "data = conn.recv(65536)\n"
+                "open(sys.argv[2], 'w').write(str(len(data)))\n")
+    python = shutil.which("python3", path="/usr/bin:/bin")  # one that user may run (the venv's may be private)
+    if python is None:
+        pytest.skip("no system python3 for the other user")
+    other = subprocess.Popen([python, "-c", listener, str(sock), str(caught)], cwd="/",
+                             preexec_fn=lambda: os.setuid(65534))
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        assert other.poll() is None and time.monotonic() < deadline, "the other user's listener did not start"
+        time.sleep(0.05)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = start(sock, out, env={"MY_TOKEN": "not for them"})
+    proc.communicate(timeout=180)
+    other.wait(timeout=60)
+    assert proc.returncode == 0 and record(out)["pid"] == proc.pid  # ran here, as without a server
+    said = caught.read_text()
+    shutil.rmtree(folder)
+    assert said == "0"  # the connection closed with nothing sent

@@ -6,7 +6,7 @@ heavy: it connects, hands over what a fresh interpreter would have had (argv, en
 umask, resource limits, CPU affinity, ignored signals, ``sys.path`` and every inherited file descriptor, its
 standard streams and a launcher's PMI socket among them) and then stays as the launcher's process for the rank:
 it passes on the signals it receives (:data:`PASSED_ON`) and ends as the rank ends, with its exit code or by its
-signal. When this process dies, even by SIGKILL, the server kills the rank's process group. When no server
+signal. A socket that another user's process holds gets nothing: the environment may hold secrets. When this process dies, even by SIGKILL, the server kills the rank's process group. When no server
 answers, or it refuses the rank (another Python, other ``PYTHON*`` variables, a GPU rank), the rank runs here as
 it always did. This module is the wire format's one home: the server and the client both use it.
 """
@@ -80,6 +80,12 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
     return b"".join(parts)
 
 
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a connected Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
 def inherited_fds() -> list[int]:
     """The descriptors this process inherited and would pass on to a child (open, without close-on-exec)."""
     import fcntl
@@ -125,6 +131,9 @@ def delegate(argv: list[str], environ=os.environ) -> None:
     try:
         sock.settimeout(REPLY_SECONDS)
         sock.connect(path)
+        if peer_uid(sock) != os.getuid():  # another user's socket: it gets neither the environment nor the fds
+            sock.close()
+            return
         send(sock, request(argv, fds), fds)
         received: list[int] = []
         # From here the launcher's signals are the rank's: hold them until the rank's pid is known.

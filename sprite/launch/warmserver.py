@@ -29,7 +29,6 @@ import selectors
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -57,11 +56,6 @@ def _refusal(req: dict, mine: dict) -> str | None:
     if not warmstart.wanted(cmd, req.get("env") or {}):
         return "its ranks are not on CPU (SPRITE_ACCELERATOR), or SPRITE_FORK_RANKS=0"
     return None
-
-
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
 
 
 def _become(req: dict, fds: list[int], threads: int) -> warmstart.Rank:
@@ -145,7 +139,7 @@ class Server:
         fds: list[int] = []
         try:
             conn.settimeout(10.0)
-            if _peer_uid(conn) != os.getuid():
+            if warm.peer_uid(conn) != os.getuid():
                 self.note("refused a connection from another user")
                 conn.close()
                 return None
