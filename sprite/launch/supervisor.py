@@ -8,7 +8,9 @@ environment); output lines are prefixed ``[rank N]``; only the ranks ``--ranks``
 (SIGTERM, SIGKILL after a grace period) and the supervisor exits with its code; exit 75 (stopped for preemption) is
 no failure: the others get PREEMPT_WAIT s to do the same. SIGINT/SIGTERM stop every rank; SIGUSR1/SIGUSR2 are
 passed on. On CPU the ranks are forked from this process once it has imported torch and Lightning, which they
-then do not import again (sprite.launch.warmstart; SPRITE_FORK_RANKS=0 starts fresh interpreters).
+then do not import again (sprite.launch.warmstart; SPRITE_FORK_RANKS=0 starts fresh interpreters); with a warm
+server's socket in SPRITE_WARM_SERVER they are the server's forks instead, and this process imports neither
+(sprite.launch.warmserver).
 """
 
 from __future__ import annotations
