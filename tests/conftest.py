@@ -92,6 +92,17 @@ def stop_warm_server(server: subprocess.Popen) -> None:
         server.wait()
 
 
+def await_warm_server(timeout: float = 180) -> bool:
+    """Wait until the warm server in SPRITE_WARM_SERVER (if any) listens; whether one does."""
+    import time
+
+    path = os.environ.get(WARM_SERVER)
+    deadline = time.monotonic() + timeout
+    while path and not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return bool(path) and os.path.exists(path)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def warm_server(tmp_path_factory):
     """One warm server for this worker's launches, its socket in SPRITE_WARM_SERVER. Launches made before it is

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import slurm_cluster
-from conftest import sprite_free_env
+from conftest import await_warm_server, sprite_free_env
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 FIT, PLAIN = str(SCRIPTS / "multinode_fit.py"), str(SCRIPTS / "any_plain.py")
@@ -127,9 +127,11 @@ def test_a_spare_slurmd_node_replaces_a_failed_one(launches, nodes):
 
 
 def test_plain_torch_distributed_script_under_srun_on_one_node(launches, nodes):
+    served = await_warm_server()
     proc, folder = launches.srun("plain", nodes, 1, ["--nodes", "1"], PLAIN)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     seen = [json.loads((folder / f"plain{rank}.json").read_text()) for rank in range(2)]
     assert [(s["RANK"], s["LOCAL_RANK"], s["NODE_RANK"], s["sum"]) for s in seen] == [("0", "0", "0", 3.0),
                                                                                      ("1", "1", "0", 3.0)]
     assert {(s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"], s["MASTER_ADDR"]) for s in seen} == {("2", "2", "127.0.0.1")}
+    assert [s["warm_served"] for s in seen] == [served, served]  # srun's tasks hand their ranks to the server

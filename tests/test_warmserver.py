@@ -23,6 +23,7 @@ from conftest import OUTSIDE_CHECKOUT, WARM_SERVER, start_warm_server, stop_warm
 
 FRESH_RANKS = True  # this module's own server, whose log it reads (conftest.py)
 PROBE = str(Path(__file__).resolve().parent / "scripts" / "warm_served.py")
+PLAIN = str(Path(__file__).resolve().parent / "scripts" / "any_plain.py")
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +198,17 @@ def test_a_socket_of_another_user_gets_neither_the_environment_nor_the_descripto
     said = caught.read_text()
     shutil.rmtree(folder)
     assert said == "0"  # the connection closed with nothing sent
+
+
+@pytest.mark.parametrize("launcher", [["--launcher", "mpiexec", "--mpi", "hydra"], ["--launcher", "torchrun"]],
+                         ids=["mpich-hydra", "torchrun"])
+def test_ranks_under_other_launchers_are_served_too(server, tmp_path, sprite_cmd, launcher):
+    sock, log = server
+    env = {**{k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")},
+           WARM_SERVER: str(sock), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run([*sprite_cmd, "run", "--devices", "2", "--accelerator", "cpu", *launcher, "--run-dir",
+                           str(tmp_path / "run"), PLAIN, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"plain{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(s["sum"], s["warm_served"]) for s in seen] == [(3.0, True), (3.0, True)]

@@ -29,6 +29,7 @@ dist.init_process_group("gloo")  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MA
 value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)
 seen.update(sum=value.item(), rank=dist.get_rank(), world=dist.get_world_size(),
-            lightning_imported="lightning.pytorch" in sys.modules)
+            lightning_imported="lightning.pytorch" in sys.modules,
+            warm_served=bool(getattr(sys.modules.get("sprite.contract.warm"), "SERVED", False)))
 (out / f"plain{dist.get_rank()}.json").write_text(json.dumps(seen))
 dist.destroy_process_group()
