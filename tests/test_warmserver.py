@@ -134,12 +134,13 @@ def test_no_server_at_the_path_runs_the_rank_here(tmp_path):
 def test_the_server_never_replaces_a_path_and_says_what_to_do(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("the user's")
-    for path, said in ((taken, "exists"), (tmp_path / "no" / "s.sock", "is not a folder"),
-                       (tmp_path / ("x" * 120), "longer than")):
-        done = subprocess.run([sys.executable, "-m", "sprite.launch.warmserver", "--socket", str(path)],
+    for path, log, said in ((taken, [], "exists"), (tmp_path / "s.sock", ["--log", str(taken)], "choose a new --log"),
+                            (tmp_path / "no" / "s.sock", [], "is not a folder"),
+                            (tmp_path / ("x" * 120), [], "longer than")):
+        done = subprocess.run([sys.executable, "-m", "sprite.launch.warmserver", "--socket", str(path), *log],
                               cwd=OUTSIDE_CHECKOUT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and said in done.stderr, done.stderr
-    assert taken.read_text() == "the user's"
+    assert taken.read_text() == "the user's" and not (tmp_path / "s.sock").exists()
 
 
 def test_a_message_carries_its_descriptors_and_a_closed_peer_reads_as_none():

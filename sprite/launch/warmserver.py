@@ -300,12 +300,14 @@ def main(argv: list[str] | None = None):
                                             "/tmp/$USER-sprite/warm.sock & export SPRITE_WARM_SERVER=...")
     parser.add_argument("--socket", type=Path, required=True, help="the Unix socket to create (a new path; its "
                         "folder must exist)")
-    parser.add_argument("--log", type=Path, help="append one line per request to this file (default: stderr)")
+    parser.add_argument("--log", type=Path, help="write one line per request to this new file (default: stderr)")
     parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
                         help="also import MODULE before serving (repeatable), for scripts that all import it")
     args = parser.parse_args(argv)
     if os.path.lexists(args.socket):
         parser.error(f"{args.socket} exists; sprite never replaces a path: remove it or choose another")
+    if args.log and os.path.lexists(args.log):
+        parser.error(f"{args.log} exists; sprite never writes into a file it did not create: choose a new --log")
     if not args.socket.parent.is_dir():
         parser.error(f"{args.socket.parent} is not a folder; make it first")
     if len(os.fsencode(args.socket)) > 100:
@@ -316,7 +318,10 @@ def main(argv: list[str] | None = None):
     import torch
 
     threads = torch.get_num_threads()
-    log = open(args.log, "a", encoding="utf-8") if args.log else sys.stderr
+    log = sys.stderr
+    if args.log:  # a new file, 0600, never through a symlink
+        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        log = os.fdopen(fd, "w", encoding="utf-8")
     server_pid = os.getpid()
 
     def stop(signum, frame):
