@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
                         help="also import MODULE before serving (repeatable), for scripts that all import it")
     args = parser.parse_args(argv)
+    if not sys.platform.startswith("linux"):
+        parser.error("the warm server needs Linux (SO_PEERCRED, /proc, CPU affinity); ranks start fresh elsewhere")
     if os.path.lexists(args.socket):
         parser.error(f"{args.socket} exists; sprite never replaces a path: remove it or choose another")
     if args.log and os.path.lexists(args.log):
