@@ -136,7 +136,8 @@ def test_the_server_never_replaces_a_path_and_says_what_to_do(tmp_path):
     taken.write_text("the user's")
     for path, log, said in ((taken, [], "exists"), (tmp_path / "s.sock", ["--log", str(taken)], "choose a new --log"),
                             (tmp_path / "no" / "s.sock", [], "is not a folder"),
-                            (tmp_path / ("x" * 120), [], "longer than")):
+                            (tmp_path / ("x" * 120), [], "longer than"),
+                            (tmp_path / "s.sock", ["--import", "no_such_module_here"], "no such module")):
         done = subprocess.run([sys.executable, "-m", "sprite.launch.warmserver", "--socket", str(path), *log],
                               cwd=OUTSIDE_CHECKOUT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and said in done.stderr, done.stderr

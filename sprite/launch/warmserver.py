@@ -314,6 +314,15 @@ def main(argv: list[str] | None = None):
         parser.error(f"{args.socket.parent} is not a folder; make it first")
     if len(os.fsencode(args.socket)) > 100:
         parser.error(f"{args.socket} is longer than a Unix socket path may be (about 100 bytes); choose a shorter")
+    import importlib.util
+
+    for name in args.modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            parser.error(f"--import {name}: no such module in this Python; install it or drop the option")
     os.environ.pop("OMP_NUM_THREADS", None)  # OpenMP reads it once, at load: each rank sets its own threads
     if not warmstart.warm_up(None, tuple(args.modules)):
         return 1
