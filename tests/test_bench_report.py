@@ -118,3 +118,5 @@ def test_plot_is_skipped_with_a_reason_without_matplotlib(tmp_path, monkeypatch)
     assert bench_plot.write(tmp_path, {"points": []}) == {
         "skipped": "matplotlib is not installed (pip install 'sprite-hpc[plot]')"}
     assert not (tmp_path / bench_plot.PLOT_FILE).exists()
+    monkeypatch.setattr(bench_plot, "_pyplot", lambda: pytest.fail("imported matplotlib"))
+    bench_plot.prepare()  # nothing to prepare

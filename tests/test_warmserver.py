@@ -214,3 +214,47 @@ def test_ranks_under_other_launchers_are_served_too(server, tmp_path, sprite_cmd
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     seen = [json.loads((tmp_path / f"plain{rank}.json").read_text()) for rank in (0, 1)]
     assert [(s["sum"], s["warm_served"]) for s in seen] == [(3.0, True), (3.0, True)]
+
+
+def _our_folders() -> set:
+    return set(Path(tempfile.gettempdir()).glob("sprite-warm-*"))
+
+
+def test_a_private_server_runs_the_callers_preparation_while_it_starts(monkeypatch):
+    """sprite bench imports its plot while its server imports torch; a server that cannot start (here: an
+    --import of a module that is not installed) leaves the launches to start fresh, its folder removed."""
+    from sprite.launch import warmserver
+
+    monkeypatch.delenv(warm.SERVER, raising=False)
+    before, seen, said = _our_folders(), [], []
+    with warmserver.private(("sprite_no_such_module",), said.append,
+                            meanwhile=lambda: seen.append((os.environ.get(warm.SERVER), _our_folders() - before))):
+        assert os.environ[warm.SERVER]
+    assert len(seen) == 1 and seen[0][0] is None and len(seen[0][1]) == 1  # before the wait, its folder made
+    assert said[-1] == "the warm server did not start; the ranks start as fresh interpreters"
+    assert _our_folders() == before and warm.SERVER not in os.environ
+
+
+def test_a_failed_preparation_stops_the_private_server_and_removes_its_folder(monkeypatch):
+    from sprite.launch import warmserver
+
+    monkeypatch.delenv(warm.SERVER, raising=False)
+    before = _our_folders()
+
+    def fail():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with warmserver.private((), meanwhile=fail):
+            pass
+    assert _our_folders() == before
+
+
+def test_with_a_server_already_set_the_preparation_runs_at_once(monkeypatch):
+    from sprite.launch import warmserver
+
+    monkeypatch.setenv(warm.SERVER, "/nonexistent/theirs.sock")
+    before, seen = _our_folders(), []
+    with warmserver.private(("transformers",), meanwhile=lambda: seen.append(_our_folders())):
+        assert os.environ[warm.SERVER] == "/nonexistent/theirs.sock"
+    assert seen == [before]  # no server of its own started

@@ -28,7 +28,7 @@ def _run(out: pathlib.Path, settings) -> int:
     console = Console()
     bench_runner.check_plans(out, settings)
     bench_store.claim(out, settings)
-    with bench_runner.warm_launches(settings, console):
+    with bench_runner.warm_launches(settings, console, bench_plot.prepare):
         results = bench_runner.run_all(out, settings, console)
     report = bench_report.build(out, settings, results)
     report["plot"] = bench_plot.write(out, report)

@@ -77,11 +77,12 @@ def check_plans(out: pathlib.Path, settings: BenchSettings) -> None:
             plan_arm(out, settings, world, arm, 0)
 
 
-def warm_launches(settings: BenchSettings, console: Console):
+def warm_launches(settings: BenchSettings, console: Console, meanwhile=lambda: None):
     """How the launches' ranks start. With baselines, every arm as a fresh interpreter (a warm server's forks
     would start sprite's arm differently from the baselines, which run their script without sprite's runtime).
     Without, on CPU, as forks of one warm server (sprite.launch.warmserver; the user's, or one of the bench's
-    own that has also imported the model's libraries), so the sweep pays the imports once, not once a launch."""
+    own that has also imported the model's libraries), so the sweep pays the imports once, not once a launch;
+    ``meanwhile()`` runs while the bench's own server imports."""
     import sys
 
     from sprite import contract
@@ -92,7 +93,7 @@ def warm_launches(settings: BenchSettings, console: Console):
     if not warmstart.wanted([sys.executable, "-m", "sprite.runtime"], {contract.ACCELERATOR: settings.accelerator}):
         return contextlib.nullcontext()
     return warmserver.private(("transformers", "peft"),
-                              lambda line: console.print(line, markup=False, highlight=False))
+                              lambda line: console.print(line, markup=False, highlight=False), meanwhile)
 
 
 def run_all(out: pathlib.Path, settings: BenchSettings, console: Console) -> list[dict]:

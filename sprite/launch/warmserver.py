@@ -247,11 +247,13 @@ def listen(path: Path) -> socket.socket:
 
 
 @contextlib.contextmanager
-def private(modules: tuple[str, ...] = (), say=lambda line: None):
+def private(modules: tuple[str, ...] = (), say=lambda line: None, meanwhile=lambda: None):
     """A warm server of this process's own for the launches it makes inside the block (SPRITE_WARM_SERVER set
     for them), stopped and removed after; without effect when one is set already. When it does not start, the
-    launches start their ranks fresh, as without it."""
+    launches start their ranks fresh, as without it. ``meanwhile()`` runs while the server imports (the caller's
+    own preparation, on another core), or at once when there is no server to wait for."""
     if os.environ.get(warm.SERVER):
+        meanwhile()
         yield
         return
     folder = tempfile.mkdtemp(prefix="sprite-warm-")  # 0700, and a short path: a socket path has ~100 bytes
@@ -264,8 +266,15 @@ def private(modules: tuple[str, ...] = (), say=lambda line: None):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
                               preexec_fn=die_with_parent)  # a killed caller leaves no server behind
     deadline = time.monotonic() + READY_SECONDS
+    try:
+        meanwhile()
+    except BaseException:
+        server.kill()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     while not os.path.exists(sock) and server.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.02)
     if not os.path.exists(sock):
         say("the warm server did not start; the ranks start as fresh interpreters")
     os.environ[warm.SERVER] = sock
