@@ -391,6 +391,8 @@ def worker(args) -> None:
         dcp_write.MAX_THREADS = args.threads
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
+    if args.no_plan_cache:  # torch's default planner, which plans every save afresh (sprite before plan caching)
+        dcp_write.planner = lambda state: None
     model, optimizer, get_model, get_optim = _state(args.model, args.accelerator)
     rank = dist.get_rank()
     sharded = {"model": get_model(model), "optim": get_optim(model, optimizer)}
@@ -429,7 +431,7 @@ def worker(args) -> None:
             saving.append(_steps(model, optimizer, args, root, state_of, args.every))
         middle = sorted(saving, key=lambda run: run["seconds"])[len(saving) // 2]
         fit = {"steps": args.steps, "every": args.every, "mode": modes[0], "threads": dcp_write.threads(),
-               "switch_interval": sys.getswitchinterval(),
+               "switch_interval": sys.getswitchinterval(), "plan_cache": not args.no_plan_cache,
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
                "waited": middle["waited"], "staged": middle["staged"], "first_run": first["seconds"],
                "first_staged": first["staged"]}
@@ -459,6 +461,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="files each rank writes in parallel (0: sprite's)")
     parser.add_argument("--switch-interval", type=float, default=0.0,
                         help="Python's thread switch interval in the ranks, seconds (0: Python's default)")
+    parser.add_argument("--no-plan-cache", action="store_true",
+                        help="plan every sharded save afresh (torch's default planner), for a before/after figure")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -481,6 +485,7 @@ def main() -> int:
                           "--repeats", str(args.repeats), "--modes", args.modes, "--formats", args.formats, "--steps", str(args.steps),
                           "--every", str(args.every), "--batch", str(args.batch), "--seq", str(args.seq),
                           "--threads", str(args.threads), "--switch-interval", str(args.switch_interval),
+                          *(["--no-plan-cache"] if args.no_plan_cache else []),
                           *(["--steps-only"] if args.steps_only else [])]}
         plan = plan_run(flags)
         with tempfile.TemporaryFile("w+") as err:
@@ -530,7 +535,8 @@ def report(result: dict, args) -> str:
         saves = fit["steps"] // fit["every"]
         rest = fit["ckpt"] - fit["no_ckpt"] - fit["waited"] - fit["staged"]
         lines.append(f"step time: {fit['steps']} steps with a sharded save ({fit['mode']}, {fit.get('threads')} files"
-                     f" a rank, switch interval {fit.get('switch_interval')} s) every {fit['every']}:"
+                     f" a rank, switch interval {fit.get('switch_interval')} s, plans cached:"
+                     f" {fit.get('plan_cache')}) every {fit['every']}:"
                      f" {fit['ckpt']:.3f} s vs {fit['no_ckpt']:.3f} s without checkpoints (ratio"
                      f" {fit['ckpt'] / fit['no_ckpt']:.3f}, target <= 1.05); of the {saves} saves' extra"
                      f" {fit['ckpt'] - fit['no_ckpt']:.3f} s: {fit['waited']:.3f} s waiting for the save before,"

@@ -73,6 +73,12 @@ def test_torchs_reader_and_sprites_load_what_sprites_writer_wrote(tmp_path_facto
     by_sprite = _blank(state)
     dcp_read.load(by_sprite, folder)
     assert _same(by_sprite, state)
+    again = {key: value.flip(0) if isinstance(value, torch.Tensor) and value.dim() else value
+             for key, value in state.items()}  # the same layout, other values: the cached plan serves
+    hashed_save.dcp_save(again, folder.with_name("again"))
+    by_torch = _blank(again)
+    dcp.load(by_torch, storage_reader=dcp.FileSystemReader(folder.with_name("again")), no_dist=True)
+    assert _same(by_torch, again)
     torch_folder = tmp_path_factory.mktemp("torch") / "ckpt"
     dcp.save(state, checkpoint_id=torch_folder, no_dist=True)
     mine, theirs = (dcp.FileSystemReader(path).read_metadata() for path in (folder, torch_folder))
@@ -201,9 +207,10 @@ def test_thread_mode_keeps_one_writer_and_process_mode_takes_a_new_one_each_save
     writers, done = [], Future()
     done.set_result(None)
 
-    def fake_async_save(state, checkpoint_id, storage_writer, process_group, async_checkpointer_type):
+    def fake_async_save(state, checkpoint_id, storage_writer, process_group, planner, async_checkpointer_type):
         writers.append(storage_writer)
         assert async_checkpointer_type.value == mode
+        assert (planner is None) == (mode == "process")  # a planner class made at run time cannot be sent there
         return done
 
     monkeypatch.setattr(torch_dcp, "async_save", fake_async_save)
@@ -213,3 +220,66 @@ def test_thread_mode_keeps_one_writer_and_process_mode_takes_a_new_one_each_save
         hashed_save._async_dcp({"w": torch.arange(3.0)}, tmp_path / name, None)
     assert len({id(writer) for writer in writers}) == distinct
     assert mode == "thread" or not any(writer.cache_staged_state_dict for writer in writers)
+
+
+def test_saves_that_plan_alike_reuse_the_plan_and_each_loads_equal(tmp_path, monkeypatch):
+    """Plan caching (dcp_write.planner): a save whose layout equals the one before sends no plan; one whose layout
+    changed plans afresh; every folder loads equal to what was saved, by torch's reader and sprite's."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    usable = []
+    real = DefaultSavePlanner.create_local_plan
+
+    def spy(self):
+        plan = real(self)
+        usable.append(plan.usable)
+        return plan
+
+    monkeypatch.setattr(DefaultSavePlanner, "create_local_plan", spy)
+    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
+    dcp_write.new_group()  # no plan of another test's saves
+    first = {"w": torch.randn(4, 5), "b": torch.arange(3)}
+    states = [first, {"w": torch.randn(4, 5), "b": torch.arange(3) + 7},
+              {"w": torch.randn(2, 2), "b": torch.arange(3), "extra": torch.ones(6)}, first]
+    for number, state in enumerate(states):
+        folder = tmp_path / f"ckpt{number}"
+        if number % 2:  # in the background, as inside a sealed save
+            with hashed_save.collecting() as pending:
+                hashed_save.dcp_save(state, folder)
+            pending[0].run()
+        else:
+            hashed_save.dcp_save(state, folder)
+        by_torch, by_sprite = _blank(state), _blank(state)
+        dcp.load(by_torch, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+        dcp_read.load(by_sprite, folder)
+        assert _same(by_torch, state) and _same(by_sprite, state), number
+    assert usable == [True, False, True, False]  # the last layout is the first's: its cached plan serves
+
+
+def test_each_process_group_and_each_layout_plans_under_a_cache_key_of_its_own():
+    state = {"w": torch.zeros(3), "opt": [{"m": torch.zeros(2)}]}
+    dcp_write.new_group()
+    one = type(dcp_write.planner(state))
+    assert type(dcp_write.planner({"w": torch.ones(3), "opt": [{"m": torch.ones(2)}]})) is one
+    for changed in ({"w": torch.zeros(3, dtype=torch.float16), "opt": [{"m": torch.zeros(2)}]},
+                    {"w": torch.zeros(3), "opt": [{"m": torch.zeros(2, dtype=torch.int64)}]},
+                    {"w": torch.zeros(3, requires_grad=True), "opt": [{"m": torch.zeros(2)}]},
+                    {"w": torch.zeros(3), "opt": [{"m": torch.zeros(2)}], "more": torch.zeros(1)}):
+        assert type(dcp_write.planner(changed)).__name__ != one.__name__, changed
+        assert type(dcp_write.planner(state)).__name__ == one.__name__
+    hashed_save.forget()  # a warm pool's next role
+    assert type(dcp_write.planner(state)).__name__ != one.__name__
+
+
+def test_a_dtype_that_changed_between_saves_is_recorded_as_it_is_now(tmp_path, monkeypatch):
+    """torch's plan cache alone compares no dtype: the second save would carry the first one's metadata."""
+    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
+    dcp_write.new_group()
+    for number, dtype in enumerate((torch.float32, torch.float16)):
+        state = {"w": torch.arange(4, dtype=dtype)}
+        hashed_save.dcp_save(state, tmp_path / f"ckpt{number}")
+        metadata = dcp.FileSystemReader(tmp_path / f"ckpt{number}").read_metadata()
+        assert metadata.state_dict_metadata["w"].properties.dtype == dtype
+        by_torch = _blank(state)
+        dcp.load(by_torch, storage_reader=dcp.FileSystemReader(tmp_path / f"ckpt{number}"), no_dist=True)
+        assert _same(by_torch, state)

@@ -14,6 +14,16 @@ setting is per thread (torch 2.13 torch/utils/_config_module.py keeps overrides 
 ``thread_count`` > 1 still compute it. The files are hashed after the write, from the page cache, on the
 background thread (``sprite.integrity.digest``).
 
+Save plans are cached (torch's public ``DefaultSavePlanner(enable_plan_caching=True)``): a save whose plan equals the
+one before skips the planning collective's pickling and unpickling of every item's plan, Python work that, on a
+background thread, competes for the GIL with the training loop (caching took 42% off the GIL time of torch's executor
+thread on one H200, docs/runs/h200-2026-12-03). torch keys the cache by the planner's class name, so :func:`planner`
+makes a class of its own for each process group this process joins (:func:`new_group`: a warm pool's next role, with
+another world, never meets the plans of the one before) and for each layout of the state (:func:`planner`: torch's
+test of an unchanged plan ignores dtypes). The caches of layouts no longer saved stay in torch's class-level dicts (one
+save's plans each), one per layout a process has saved. Process mode takes torch's default planner (a class
+made here could not be sent to torch's process).
+
 ``MODE`` picks torch's async checkpointer: "thread" (a thread of this rank) or "process" (a process torch starts,
 which keeps the write's Python work off the training loop's GIL); benchmarks/checkpoint_io.py measures both. torch's
 ``DefaultStager``, which process mode stages with, cannot be used for a second save in torch 2.11 ("KeyError:
@@ -41,6 +51,53 @@ def threads() -> int:
         cores = os.cpu_count() or 1
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return max(1, min(MAX_THREADS, cores // local))
+
+
+_planner: dict = {}  # {"key": (process group generation, layout digest), "class": the planner class}
+_generation = [0]
+
+
+def planner(state: dict):
+    """A save planner for ``state``: torch's default one, caching plans (module docstring), under a cache key of
+    this process group and of ``state``'s layout. torch 2.11-2.13 decide that a plan is unchanged from the items'
+    names, sizes and chunks alone (``planner_helpers._compare_save_plans``), not their dtypes: a state whose dtype
+    changed would be saved with the metadata of the save before (seen: a float16 tensor recorded as float32). The
+    key therefore carries every tensor's name, dtype, layout, shape and requires_grad."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    key = (_generation[0], layout_digest(state))
+    if _planner.get("key") != key:
+        name = f"SpriteSavePlanner_{key[0]}_{key[1]}"
+        _planner.update(key=key, cls=type(name, (DefaultSavePlanner,), {}))
+    return _planner["cls"](enable_plan_caching=True)
+
+
+def layout_digest(state) -> str:
+    """A short digest of every tensor's place, dtype, layout, shape and requires_grad in ``state``."""
+    import hashlib
+
+    parts: list[str] = []
+
+    def walk(value, path: str) -> None:
+        if isinstance(value, torch.Tensor):
+            parts.append(f"{path}|{value.dtype}|{value.layout}|{tuple(value.shape)}|{value.requires_grad}")
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                walk(item, f"{path}.{name}")
+        elif isinstance(value, (list, tuple)):
+            for number, item in enumerate(value):
+                walk(item, f"{path}[{number}]")
+        elif hasattr(value, "state_dict") and callable(value.state_dict):  # a Stateful, as dcp.save takes it
+            walk(value.state_dict(), path)
+
+    walk(state, "")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def new_group() -> None:
+    """This process's process group ended: the next save plans afresh under a cache key of its own."""
+    _planner.clear()
+    _generation[0] += 1
 
 
 class Writer(FileSystemWriter):

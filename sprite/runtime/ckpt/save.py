@@ -187,7 +187,7 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
         from torch.distributed.checkpoint import save
 
         with paused_gc():
-            save(converted_state, storage_writer=dcp_write.writer(path))
+            save(converted_state, storage_writer=dcp_write.writer(path), planner=dcp_write.planner(converted_state))
         return
     from sprite.runtime.ckpt import background
 
@@ -198,10 +198,11 @@ def forget() -> None:
     """After this process's process group ended and before another starts (a warm pool's next role): the next
     save makes its own writer and gloo group instead of using ones tied to the group that ended."""
     global _dcp_writer
-    from sprite.runtime.ckpt import background
+    from sprite.runtime.ckpt import background, dcp_write
 
     _dcp_writer = None
     background.forget()
+    dcp_write.new_group()
 
 
 def _async_dcp(state: dict, path, group) -> Pending:
@@ -213,11 +214,12 @@ def _async_dcp(state: dict, path, group) -> Pending:
 
     mode = dcp_write.MODE
     if mode == "process":  # a writer per save (dcp_write's docstring: torch 2.11 cannot reuse the stager)
-        writer = dcp_write.writer(path)
+        writer, planner = dcp_write.writer(path), None
     else:
-        writer = _dcp_writer = _dcp_writer or dcp_write.writer(path)
+        writer, planner = _dcp_writer or dcp_write.writer(path), dcp_write.planner(state)
+        _dcp_writer = writer
     with paused_gc():
-        future = async_save(state, checkpoint_id=path, storage_writer=writer, process_group=group,
+        future = async_save(state, checkpoint_id=path, storage_writer=writer, process_group=group, planner=planner,
                             async_checkpointer_type=AsyncCheckpointerType(mode))
 
     def run() -> dict:
