@@ -65,10 +65,11 @@ def launch(way: str, steps: int, devices: int, run_dir: Path, server: tuple | No
 
 
 def start_server(folder: Path) -> tuple[subprocess.Popen, Path]:
+    from sprite.launch import warmserver
+
     sock = folder / "warm.sock"
-    server = subprocess.Popen([sys.executable, "-m", "sprite.launch.warmserver", "--socket", str(sock), "--log",
-                               str(folder / "warm.log")], env={**clean_env(), "PYTHONSAFEPATH": "1"}, cwd=folder,
-                              stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(warmserver.command(sock, folder / "warm.log"), env=warmserver.environment(clean_env()),
+                              cwd=folder, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not sock.exists():
         if server.poll() is not None or time.monotonic() > deadline:

@@ -74,11 +74,12 @@ def sprite_free_env(strip=(), base=None) -> dict:
 def start_warm_server(folder: Path, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
     """``python -m sprite.launch.warmserver`` with its socket ``folder/s.sock`` and its log ``folder/warm.log``
     (stderr in ``folder/server.err``), under the PYTHONSAFEPATH that sprite's plans give every rank."""
+    from sprite.launch import warmserver
+
     sock = folder / "s.sock"
     with open(folder / "server.err", "w") as err:
-        server = subprocess.Popen([sys.executable, "-m", "sprite.launch.warmserver", "--socket", str(sock), "--log",
-                                   str(folder / "warm.log")], cwd=OUTSIDE_CHECKOUT, start_new_session=True,
-                                  env={**(os.environ if env is None else env), "PYTHONSAFEPATH": "1"},
+        server = subprocess.Popen(warmserver.command(sock, folder / "warm.log"), cwd=OUTSIDE_CHECKOUT,
+                                  start_new_session=True, env=warmserver.environment(os.environ if env is None else env),
                                   stdout=subprocess.DEVNULL, stderr=err)
     return server, sock
 

@@ -91,13 +91,15 @@ def test_the_rank_ends_its_stand_in_with_its_exit_code_or_its_signal(server, tmp
         assert record(out)["pid"] != proc.pid and proc.returncode == wanted, (mode, proc.returncode)
 
 
-def test_signals_to_the_stand_in_reach_the_rank(server, tmp_path):
+@pytest.mark.parametrize("sig", warm.PASSED_ON, ids=lambda sig: signal.Signals(sig).name)
+def test_signals_to_the_stand_in_reach_the_rank(server, tmp_path, sig):
     sock, _ = server
-    proc = start(sock, tmp_path, "usr1")
+    proc = start(sock, tmp_path, "signals")
     assert record(tmp_path)["pid"] != proc.pid
-    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(sig)
     proc.communicate(timeout=60)
-    assert proc.returncode == 0 and (tmp_path / "usr1").exists()
+    assert proc.returncode == 0 and (tmp_path / f"got-{int(sig)}").exists()
+    assert sorted(p.name for p in tmp_path.glob("got-*")) == [f"got-{int(sig)}"]
 
 
 def test_a_killed_stand_in_takes_its_rank_with_it(server, tmp_path):
@@ -258,3 +260,16 @@ def test_with_a_server_already_set_the_preparation_runs_at_once(monkeypatch):
     with warmserver.private(("transformers",), meanwhile=lambda: seen.append(_our_folders())):
         assert os.environ[warm.SERVER] == "/nonexistent/theirs.sock"
     assert seen == [before]  # no server of its own started
+
+
+@pytest.mark.parametrize("key", ["executable", "version", "prefix", "sprite", "env"])
+def test_a_rank_of_another_python_or_sprite_install_is_not_forked(key):
+    """The server forks only ranks that would have started as it did: the same interpreter, Python, prefix,
+    sprite install (the folder sprite is imported from) and PYTHON* settings."""
+    from sprite.launch import warmserver
+
+    mine = warm.fingerprint({"PYTHONUNBUFFERED": "1"})
+    cpu = {"SPRITE_ACCELERATOR": "cpu"}
+    assert warmserver.refusal({"fingerprint": dict(mine), "env": cpu}, mine) is None
+    theirs = {**mine, key: {"PYTHONOPTIMIZE": "1"} if key == "env" else "/elsewhere/" + key}
+    assert warmserver.refusal({"fingerprint": theirs, "env": cpu}, mine) == f"its {key} differs from the server's"

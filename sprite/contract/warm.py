@@ -137,22 +137,26 @@ def delegate(argv: list[str], environ=os.environ) -> None:
         send(sock, request(argv, fds), fds)
         received: list[int] = []
         # From here the launcher's signals are the rank's: hold them until the rank's pid is known.
-        for sig in PASSED_ON:
-            if signal.getsignal(sig) != signal.SIG_IGN:
-                signal.signal(sig, lambda signum, frame: received.append(signum))
+        _on_passed_on(lambda sig: lambda signum, frame: received.append(signum))
         reply, _ = receive(sock)
     except (OSError, ValueError):
         sock.close()
         return
     if not reply or "pid" not in reply:
-        for sig in PASSED_ON:
-            if signal.getsignal(sig) != signal.SIG_IGN:
-                signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+        _on_passed_on(lambda sig: signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
         sock.close()
         for sig in received:  # the rank runs here after all: what came meanwhile is its own
             os.kill(os.getpid(), sig)
         return
     _stand_in(sock, int(reply["pid"]), received)
+
+
+def _on_passed_on(handler_for) -> None:
+    """Set ``handler_for(sig)`` as the handler of every signal of :data:`PASSED_ON` this process does not ignore
+    (an ignored one stays ignored, as the launcher meant)."""
+    for sig in PASSED_ON:
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, handler_for(sig))
 
 
 def _stand_in(sock: socket.socket, pid: int, received: list[int]) -> None:
@@ -164,9 +168,7 @@ def _stand_in(sock: socket.socket, pid: int, received: list[int]) -> None:
         except ProcessLookupError:
             pass
 
-    for sig in PASSED_ON:
-        if signal.getsignal(sig) != signal.SIG_IGN:
-            signal.signal(sig, pass_on)
+    _on_passed_on(lambda sig: pass_on)
     for sig in received:
         pass_on(sig, None)
     sock.settimeout(None)

@@ -46,7 +46,7 @@ class Stop(Exception):
     """SIGTERM or SIGINT reached the server."""
 
 
-def _refusal(req: dict, mine: dict) -> str | None:
+def refusal(req: dict, mine: dict) -> str | None:
     """Why this server must not fork the rank ``req`` describes; None: it may."""
     theirs = req.get("fingerprint") or {}
     for key in mine:
@@ -146,7 +146,7 @@ class Server:
             req, fds = warm.receive(conn, warm.MAX_FDS)
             if req is None or len(fds) != len(req.get("fds", ())):
                 raise ValueError("an incomplete request")
-            why = _refusal(req, self.mine)
+            why = refusal(req, self.mine)
             if why:
                 self.note(f"refused {req.get('argv', [])[:1]}: {why}")
                 warm.send(conn, {"refused": why})
@@ -246,6 +246,21 @@ def listen(path: Path) -> socket.socket:
     return sock
 
 
+def command(sock, log, modules: tuple[str, ...] = ()) -> list[str]:
+    """The command line of a warm server listening at ``sock``, logging to the new file ``log``, that imports
+    ``modules`` too."""
+    cmd = [sys.executable, "-m", "sprite.launch.warmserver", "--socket", os.fspath(sock), "--log", os.fspath(log)]
+    for name in modules:
+        cmd += ["--import", name]
+    return cmd
+
+
+def environment(base) -> dict:
+    """A server's environment: ``base`` with the PYTHONSAFEPATH that sprite's plans give every rank (a server
+    refuses ranks whose PYTHON* settings differ from its own)."""
+    return {**base, "PYTHONSAFEPATH": "1"}
+
+
 @contextlib.contextmanager
 def private(modules: tuple[str, ...] = (), say=lambda line: None, meanwhile=lambda: None):
     """A warm server of this process's own for the launches it makes inside the block (SPRITE_WARM_SERVER set
@@ -258,11 +273,9 @@ def private(modules: tuple[str, ...] = (), say=lambda line: None, meanwhile=lamb
         return
     folder = tempfile.mkdtemp(prefix="sprite-warm-")  # 0700, and a short path: a socket path has ~100 bytes
     sock = os.path.join(folder, "s.sock")
-    cmd = [sys.executable, "-m", "sprite.launch.warmserver", "--socket", sock, "--log", os.path.join(folder, "log")]
-    for name in modules:
-        cmd += ["--import", name]
     say("starting a warm server for the CPU launches (sprite.launch.warmserver)")
-    server = subprocess.Popen(cmd, env={**os.environ, "PYTHONSAFEPATH": "1"}, stdin=subprocess.DEVNULL,
+    server = subprocess.Popen(command(sock, os.path.join(folder, "log"), modules), env=environment(os.environ),
+                              stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
                               preexec_fn=die_with_parent)  # a killed caller leaves no server behind
     deadline = time.monotonic() + READY_SECONDS
