@@ -431,7 +431,7 @@ def worker(args) -> None:
             saving.append(_steps(model, optimizer, args, root, state_of, args.every))
         middle = sorted(saving, key=lambda run: run["seconds"])[len(saving) // 2]
         fit = {"steps": args.steps, "every": args.every, "mode": modes[0], "threads": dcp_write.threads(),
-               "switch_interval": sys.getswitchinterval(), "plan_cache": not args.no_plan_cache,
+               "switch_interval": sys.getswitchinterval(), "plan_cache": not args.no_plan_cache and modes[0] == "thread",
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
                "waited": middle["waited"], "staged": middle["staged"], "first_run": first["seconds"],
                "first_staged": first["staged"]}

@@ -198,19 +198,21 @@ def test_a_background_save_returns_with_the_state_staged_and_writes_it_later(tmp
 @pytest.mark.parametrize("mode, distinct", [("thread", 1), ("process", 2)])
 def test_thread_mode_keeps_one_writer_and_process_mode_takes_a_new_one_each_save(tmp_path, monkeypatch, mode,
                                                                                  distinct):
-    """torch 2.11 cannot stage twice with one process-mode stager (pytorch/pytorch#183413), so each process-mode
-    save gets its own writer, which keeps no staged copy; a thread-mode writer is kept (and its pinned copy with
-    it, where there is an accelerator)."""
+    """Each process-mode save gets its own writer and sprite's stager (torch 2.11's cannot stage twice,
+    pytorch/pytorch#183413); a thread-mode writer is kept (and its pinned copy with it, where there is an
+    accelerator)."""
     import torch.distributed.checkpoint as torch_dcp
     from concurrent.futures import Future
 
     writers, done = [], Future()
     done.set_result(None)
 
-    def fake_async_save(state, checkpoint_id, storage_writer, process_group, planner, async_checkpointer_type):
+    def fake_async_save(state, checkpoint_id, storage_writer, process_group, planner, async_checkpointer_type,
+                        async_stager):
         writers.append(storage_writer)
         assert async_checkpointer_type.value == mode
         assert (planner is None) == (mode == "process")  # a planner class made at run time cannot be sent there
+        assert (async_stager is None) == (mode == "thread")  # process mode stages with sprite's own stager
         return done
 
     monkeypatch.setattr(torch_dcp, "async_save", fake_async_save)
@@ -283,3 +285,22 @@ def test_a_dtype_that_changed_between_saves_is_recorded_as_it_is_now(tmp_path, m
         by_torch = _blank(state)
         dcp.load(by_torch, storage_reader=dcp.FileSystemReader(tmp_path / f"ckpt{number}"), no_dist=True)
         assert _same(by_torch, state)
+
+
+def test_process_mode_with_sprites_stager_saves_again_and_again_reusing_its_buffers(tmp_path):
+    """torch 2.11's own stager cannot stage twice in process mode (pytorch/pytorch#183413); sprite's
+    (stage.shared_stager) keeps its shared buffers, DTensors included, and every save loads equal."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "scripts" / "process_mode_save.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    saves = json.loads((tmp_path / "result.json").read_text())
+    assert [save["equal"] for save in saves] == [True, True, True] and saves[0]["keys"] >= 8
+    assert saves[0]["dtensors"] >= 4  # the model's and the optimizer's sharded tensors
+    assert saves[0]["addresses"] == saves[1]["addresses"] == saves[2]["addresses"]

@@ -33,6 +33,7 @@ _WRITTEN: dict[str, tuple[int, int, int, dict, bool]] = {}
 _collect: list | None = None  # the background writes of the save seal.py is running, while it runs
 _host = None  # this rank's reusable host buffers (stage.HostCopy)
 _dcp_writer = None  # this rank's thread-mode FileSystemWriter (keeps its pinned host copy from save to save)
+_stager = None  # this rank's process-mode stager (stage.shared_stager: shared host buffers kept from save to save)
 
 
 class Pending:
@@ -212,15 +213,19 @@ def _async_dcp(state: dict, path, group) -> Pending:
 
     from sprite.runtime.ckpt import dcp_write
 
-    mode = dcp_write.MODE
-    if mode == "process":  # a writer per save (dcp_write's docstring: torch 2.11 cannot reuse the stager)
+    global _stager
+    mode, stager = dcp_write.MODE, None
+    if mode == "process":  # sprite's stager, kept (dcp_write's docstring: torch 2.11 cannot reuse its own)
+        from sprite.runtime.ckpt.stage import shared_stager
+
         writer, planner = dcp_write.writer(path), None
+        stager = _stager = _stager or shared_stager()
     else:
         writer, planner = _dcp_writer or dcp_write.writer(path), dcp_write.planner(state)
         _dcp_writer = writer
     with paused_gc():
         future = async_save(state, checkpoint_id=path, storage_writer=writer, process_group=group, planner=planner,
-                            async_checkpointer_type=AsyncCheckpointerType(mode))
+                            async_checkpointer_type=AsyncCheckpointerType(mode), async_stager=stager)
 
     def run() -> dict:
         future.result()
