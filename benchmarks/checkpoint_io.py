@@ -435,6 +435,12 @@ def worker(args) -> None:
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
                "waited": middle["waited"], "staged": middle["staged"], "first_run": first["seconds"],
                "first_staged": first["staged"]}
+        if modes[0] == "process":  # how many of the stager's host buffers are pinned (cudaHostRegister)
+            from sprite.runtime.ckpt import save as hashed_save
+
+            stager = hashed_save.process_stager()
+            host = stager.host if stager else None
+            fit["pinned"] = f"{len(host.registered)} of {len(host.buffers)}" if host else "no stager"
     if rank == 0:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
                    for fmt, rows in runs.items() if rows}
@@ -542,7 +548,8 @@ def report(result: dict, args) -> str:
                      f" {fit['ckpt'] - fit['no_ckpt']:.3f} s: {fit['waited']:.3f} s waiting for the save before,"
                      f" {fit['staged']:.3f} s staging, {rest:.3f} s slower steps beside the background writes;"
                      f" the warm-up run's first save (pinned buffers, gloo group) staged in"
-                     f" {fit['first_staged']:.3f} s, measured apart")
+                     f" {fit['first_staged']:.3f} s, measured apart"
+                     + (f"; stager buffers pinned: {fit['pinned']}" if "pinned" in fit else ""))
     return "\n".join(lines)
 
 

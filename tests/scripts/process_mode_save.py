@@ -56,7 +56,7 @@ def main(out: str) -> None:
         blank = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
         dcp.load(blank, checkpoint_id=folder)
         got = flat(blank)
-        buffers = hashed_save._stager.host.buffers
+        buffers = hashed_save.process_stager().host.buffers
         saves.append({"equal": sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want),
                       "keys": len(want),
                       "addresses": [b.to_local().data_ptr() if hasattr(b, "to_local") else b.data_ptr()

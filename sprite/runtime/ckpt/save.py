@@ -195,6 +195,11 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
     _collect.append(_async_dcp(converted_state, path, process_group or background.group()))
 
 
+def process_stager():
+    """This rank's process-mode stager (``stage.shared_stager``), or None before its first process-mode save."""
+    return _stager
+
+
 def forget() -> None:
     """After this process's process group ended and before another starts (a warm pool's next role): the next
     save makes its own writer and gloo group instead of using ones tied to the group that ended."""
