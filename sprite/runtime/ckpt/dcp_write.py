@@ -29,9 +29,9 @@ which keeps the write's Python work off the training loop's GIL); benchmarks/che
 ``DefaultStager``, which process mode stages with, cannot be used for a second save in torch 2.11 ("KeyError:
 <class 'type'>" in _state_dict_stager.py, pytorch/pytorch#183413: its ``_stage`` closes the stager), so process mode
 stages with sprite's own (``sprite.runtime.ckpt.stage.shared_stager``: shared host buffers kept from save to save)
-and every save gets a writer of its own. On one H200 (docs/runs/h200-2026-12-03) process mode took the slower steps
-from 3.1 s to 1.3 s but waited 1.0 s for saves that outlasted the 10 steps between them and staged 0.29 s a save
-against 0.17 s: the step-time ratio was the same (1.41 against 1.42), so "thread" stays the default.
+and every save gets a writer of its own. On one H200 (docs/runs/h200-2026-12-03) process mode's step-time ratio was
+1.19x and 1.41x in two runs (the second waited for saves that outlasted the 10 steps between them) against thread
+mode's 1.38-1.43x, and equal (1.29x) at a larger batch: not shown better, so "thread" stays the default.
 """
 
 from __future__ import annotations
