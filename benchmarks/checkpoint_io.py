@@ -8,7 +8,9 @@ included, and the adapter's optimizer state. Each sprite save runs what sprite's
 ``Trainer.save_checkpoint`` (sprite.runtime.ckpt.seal: the state staged off the device, then on the background
 thread the write, hashes, fsyncs, gather and manifest), and is timed twice:
 - stall: from the save call until the training loop may go on (the copy off the device; a wait for a previous
-  save in flight would count too), against a synchronous plain torch.save of the same state (ratio target <= 0.25);
+  save in flight would count too), against a synchronous plain torch.save of the same state (ratio target <= 0.25).
+  The timing ends with a barrier, which on NCCL synchronises the loop's stream, so the figure includes the device
+  copies even where they are queued (sprite.runtime.ckpt.stage; --wait-copies: each save waits for them);
 - sealed: from the save call until the manifest is on disk on every rank, against plain torch.save + fsync (target
   <= 1.3).
 Loads verify as `sprite run --resume` does (sprite.runtime.ckpt.shared_verify) and copy what they read into the
@@ -24,8 +26,9 @@ cache first). Formats:
   fsync) / torch.load(mmap=True).
 Then the step time: --steps optimizer steps of the recipe's model without checkpoints, and the same with a sprite
 sharded save every --every steps (its stall and the background write's contention included), one device
-synchronisation at each end (target <= 1.05), split into the waits for the save before, the staging, and the
-slower steps beside the background writes. A warm-up run with saves comes first: the first save of a run makes
+synchronisation at each end (target <= 1.05), split into the waits for the save before, the time in the save
+calls (staging), and the slower steps beside the background writes (with queued copies, the device's wait for
+them falls there too). A warm-up run with saves comes first: the first save of a run makes
 its pinned buffers and gloo group, a cost a long run pays once; it is printed apart.
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. After the timings,
 torch's own reader loads sprite's last sharded folder into a blank copy of the state, which must equal the state
@@ -337,7 +340,8 @@ def _first_saves(root: pathlib.Path, sharded: dict, full: dict | None, modes: li
 def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> dict:
     """Seconds for ``args.steps`` optimizer steps of the recipe's model (one synchronisation at each end), with a
     sprite sharded save every ``every`` steps (0: none), on the slowest rank: ``seconds``; of it, ``waited`` for
-    the save before (at most one in flight) and ``staged`` in the save calls themselves, each summed over saves."""
+    the save before (at most one in flight) and ``staged`` in the save calls themselves (``built`` of it: the
+    state dict built by torch's get_model/optimizer_state_dict), each summed over saves."""
     import torch
     import torch.distributed as dist
 
@@ -352,7 +356,7 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
     sync()
     dist.barrier()
     start = time.perf_counter()
-    waited = staged = 0.0
+    waited = staged = built = 0.0
     for step in range(1, args.steps + 1):
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -365,15 +369,18 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
             durable.wait()  # what _background_save waits for first, timed apart
             waited += time.perf_counter() - called
             called = time.perf_counter()
-            _background_save(state_of(), root / f"fit-save{_FIT_SAVES[0]}", rank, world, True)
+            state = state_of()  # torch's get_model/optimizer_state_dict, which Lightning calls at every save too
+            built += time.perf_counter() - called
+            _background_save(state, root / f"fit-save{_FIT_SAVES[0]}", rank, world, True)
             staged += time.perf_counter() - called
+            del state
     sync()
     # NCCL reduces device tensors only
-    elapsed = torch.tensor([time.perf_counter() - start, waited, staged], device=device, dtype=torch.float64)
+    elapsed = torch.tensor([time.perf_counter() - start, waited, staged, built], device=device, dtype=torch.float64)
     durable.wait()  # the last save's background work is not the fit's time; it is waited for outside it
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    seconds, waited, staged = elapsed.tolist()
-    return {"seconds": seconds, "waited": waited, "staged": staged}
+    seconds, waited, staged, built = elapsed.tolist()
+    return {"seconds": seconds, "waited": waited, "staged": staged, "built": built}
 
 
 _FIT_SAVES = [0]
@@ -393,6 +400,10 @@ def worker(args) -> None:
         sys.setswitchinterval(args.switch_interval)
     if args.no_plan_cache:  # torch's default planner, which plans every save afresh (sprite before plan caching)
         dcp_write.planner = lambda state: None
+    if args.wait_copies:  # each save waits for its device copies (sprite before queued copies)
+        from sprite.runtime.ckpt import stage
+
+        stage.QUEUED = False
     model, optimizer, get_model, get_optim = _state(args.model, args.accelerator)
     rank = dist.get_rank()
     sharded = {"model": get_model(model), "optim": get_optim(model, optimizer)}
@@ -432,8 +443,10 @@ def worker(args) -> None:
         middle = sorted(saving, key=lambda run: run["seconds"])[len(saving) // 2]
         fit = {"steps": args.steps, "every": args.every, "mode": modes[0], "threads": dcp_write.threads(),
                "switch_interval": sys.getswitchinterval(), "plan_cache": not args.no_plan_cache and modes[0] == "thread",
+               "copies": "waited for" if args.wait_copies else "queued",
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
-               "waited": middle["waited"], "staged": middle["staged"], "first_run": first["seconds"],
+               "waited": middle["waited"], "staged": middle["staged"], "built": middle["built"],
+               "first_run": first["seconds"],
                "first_staged": first["staged"]}
         if modes[0] == "process":  # how many of the stager's host buffers are pinned (cudaHostRegister)
             from sprite.runtime.ckpt import save as hashed_save
@@ -467,6 +480,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="files each rank writes in parallel (0: sprite's)")
     parser.add_argument("--switch-interval", type=float, default=0.0,
                         help="Python's thread switch interval in the ranks, seconds (0: Python's default)")
+    parser.add_argument("--wait-copies", action="store_true",
+                        help="each save waits for its copies off the device instead of queueing them on a stream of"
+                             " their own, for a before/after figure")
     parser.add_argument("--no-plan-cache", action="store_true",
                         help="plan every sharded save afresh (torch's default planner), for a before/after figure")
     parser.add_argument("--worker", action="store_true")
@@ -492,6 +508,7 @@ def main() -> int:
                           "--every", str(args.every), "--batch", str(args.batch), "--seq", str(args.seq),
                           "--threads", str(args.threads), "--switch-interval", str(args.switch_interval),
                           *(["--no-plan-cache"] if args.no_plan_cache else []),
+                          *(["--wait-copies"] if args.wait_copies else []),
                           *(["--steps-only"] if args.steps_only else [])]}
         plan = plan_run(flags)
         with tempfile.TemporaryFile("w+") as err:
@@ -542,11 +559,14 @@ def report(result: dict, args) -> str:
         rest = fit["ckpt"] - fit["no_ckpt"] - fit["waited"] - fit["staged"]
         lines.append(f"step time: {fit['steps']} steps with a sharded save ({fit['mode']}, {fit.get('threads')} files"
                      f" a rank, switch interval {fit.get('switch_interval')} s, plans cached:"
-                     f" {fit.get('plan_cache')}) every {fit['every']}:"
+                     f" {fit.get('plan_cache')}, device copies {fit.get('copies', 'waited for')}) every"
+                     f" {fit['every']}:"
                      f" {fit['ckpt']:.3f} s vs {fit['no_ckpt']:.3f} s without checkpoints (ratio"
                      f" {fit['ckpt'] / fit['no_ckpt']:.3f}, target <= 1.05); of the {saves} saves' extra"
                      f" {fit['ckpt'] - fit['no_ckpt']:.3f} s: {fit['waited']:.3f} s waiting for the save before,"
-                     f" {fit['staged']:.3f} s staging, {rest:.3f} s slower steps beside the background writes;"
+                     f" {fit['staged']:.3f} s in the save calls (of it {fit.get('built', float('nan')):.3f} s"
+                     f" building the state dict: torch's get_model/optimizer_state_dict), {rest:.3f} s slower steps"
+                     f" beside the background writes (and, with queued copies, the copies themselves);"
                      f" the warm-up run's first save (pinned buffers, gloo group) staged in"
                      f" {fit['first_staged']:.3f} s, measured apart"
                      + (f"; stager buffers pinned: {fit['pinned']}" if "pinned" in fit else ""))

@@ -181,7 +181,7 @@ def test_a_background_save_returns_with_the_state_staged_and_writes_it_later(tmp
         return real(self, plan, planner)
 
     monkeypatch.setattr(dcp.FileSystemWriter, "write_data", held)
-    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
+    monkeypatch.setattr(hashed_save, "_stagers", {})
     state = {"w": torch.arange(6.0)}
     with hashed_save.collecting() as pending:
         hashed_save.dcp_save(state, tmp_path / "ckpt")
@@ -195,33 +195,34 @@ def test_a_background_save_returns_with_the_state_staged_and_writes_it_later(tmp
     assert torch.equal(loaded["w"], torch.arange(6.0))
 
 
-@pytest.mark.parametrize("mode, distinct", [("thread", 1), ("process", 2)])
-def test_thread_mode_keeps_one_writer_and_process_mode_takes_a_new_one_each_save(tmp_path, monkeypatch, mode,
-                                                                                 distinct):
-    """Each process-mode save gets its own writer and sprite's stager (torch 2.11's cannot stage twice,
-    pytorch/pytorch#183413); a thread-mode writer is kept (and its pinned copy with it, where there is an
-    accelerator)."""
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_each_save_gets_a_writer_of_its_own_and_each_mode_keeps_one_stager_of_sprites(tmp_path, monkeypatch, mode):
+    """Both modes stage with sprite's stager, one per mode kept from save to save (torch 2.11's own cannot stage
+    twice in process mode, pytorch/pytorch#183413), shared memory in process mode only; every save gets its own
+    writer, which stages nothing itself."""
     import torch.distributed.checkpoint as torch_dcp
     from concurrent.futures import Future
 
-    writers, done = [], Future()
+    writers, stagers, done = [], [], Future()
     done.set_result(None)
 
     def fake_async_save(state, checkpoint_id, storage_writer, process_group, planner, async_checkpointer_type,
                         async_stager):
         writers.append(storage_writer)
+        stagers.append(async_stager)
         assert async_checkpointer_type.value == mode
         assert (planner is None) == (mode == "process")  # a planner class made at run time cannot be sent there
-        assert (async_stager is None) == (mode == "thread")  # process mode stages with sprite's own stager
         return done
 
     monkeypatch.setattr(torch_dcp, "async_save", fake_async_save)
     monkeypatch.setattr(dcp_write, "MODE", mode)
-    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
+    monkeypatch.setattr(hashed_save, "_stagers", {})
     for name in ("a", "b"):
         hashed_save._async_dcp({"w": torch.arange(3.0)}, tmp_path / name, None)
-    assert len({id(writer) for writer in writers}) == distinct
-    assert mode == "thread" or not any(writer.cache_staged_state_dict for writer in writers)
+    assert len({id(writer) for writer in writers}) == 2
+    assert not any(writer.cache_staged_state_dict for writer in writers)
+    assert stagers[0] is stagers[1] and stagers[0].host.shared == (mode == "process")
+    assert (hashed_save.process_stager() is stagers[0]) == (mode == "process")
 
 
 def test_saves_that_plan_alike_reuse_the_plan_and_each_loads_equal(tmp_path, monkeypatch):
@@ -238,7 +239,7 @@ def test_saves_that_plan_alike_reuse_the_plan_and_each_loads_equal(tmp_path, mon
         return plan
 
     monkeypatch.setattr(DefaultSavePlanner, "create_local_plan", spy)
-    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
+    monkeypatch.setattr(hashed_save, "_stagers", {})
     dcp_write.new_group()  # no plan of another test's saves
     first = {"w": torch.randn(4, 5), "b": torch.arange(3)}
     states = [first, {"w": torch.randn(4, 5), "b": torch.arange(3) + 7},
@@ -275,7 +276,7 @@ def test_each_process_group_and_each_layout_plans_under_a_cache_key_of_its_own()
 
 def test_a_dtype_that_changed_between_saves_is_recorded_as_it_is_now(tmp_path, monkeypatch):
     """torch's plan cache alone compares no dtype: the second save would carry the first one's metadata."""
-    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
+    monkeypatch.setattr(hashed_save, "_stagers", {})
     dcp_write.new_group()
     for number, dtype in enumerate((torch.float32, torch.float16)):
         state = {"w": torch.arange(4, dtype=dtype)}
@@ -287,20 +288,28 @@ def test_a_dtype_that_changed_between_saves_is_recorded_as_it_is_now(tmp_path, m
         assert _same(by_torch, state)
 
 
-def test_process_mode_with_sprites_stager_saves_again_and_again_reusing_its_buffers(tmp_path):
-    """torch 2.11's own stager cannot stage twice in process mode (pytorch/pytorch#183413); sprite's
-    (stage.shared_stager) keeps its shared buffers, DTensors included, and every save loads equal."""
+_ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the H200s)")
+
+
+@pytest.mark.parametrize("mode, device", [("process", "cpu"), ("thread", "cpu"),
+                                          pytest.param("process", "cuda", marks=_ON_CUDA),
+                                          pytest.param("thread", "cuda", marks=_ON_CUDA)])
+def test_sprites_stager_saves_again_and_again_reusing_its_buffers_while_steps_go_on(tmp_path, mode, device):
+    """torch 2.11's own stager cannot stage twice in process mode (pytorch/pytorch#183413); sprite's (stage.stager)
+    keeps its buffers, DTensors included, and every save loads equal to the state at the save call although steps
+    change it in place at once. On CUDA the copies are queued on a stream of their own (stage.fence orders the
+    steps after them)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent / "scripts" / "process_mode_save.py"
+    script = Path(__file__).resolve().parent / "scripts" / "background_dcp_save.py"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), mode, device], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     saves = json.loads((tmp_path / "result.json").read_text())
-    assert [save["equal"] for save in saves] == [True, True, True] and saves[0]["keys"] >= 8
-    assert saves[0]["dtensors"] >= 4  # the model's and the optimizer's sharded tensors
+    assert [save["equal"] for save in saves] == [True, True, True] and saves[0]["keys"] >= 12
+    assert saves[0]["dtensors"] >= 6  # the model's and the optimizer's sharded tensors
     assert saves[0]["addresses"] == saves[1]["addresses"] == saves[2]["addresses"]

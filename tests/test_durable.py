@@ -143,7 +143,7 @@ def test_a_folder_save_is_fsynced_before_its_manifest(tmp_path, monkeypatch):
                                                               fsync_dir(path))[1])
     monkeypatch.setattr(integrity, "seal", lambda *a, **k: (events.append(("seal", k.get("sync"))),
                                                             real_seal(*a, **k))[1])
-    monkeypatch.setattr(hashed_save, "_dcp_writer", None)
+    monkeypatch.setattr(hashed_save, "_stagers", {})
     folder = tmp_path / "step=1.ckpt"
     folder.mkdir()
     with warnings.catch_warnings():

@@ -1,12 +1,10 @@
 """How sprite writes a torch.distributed.checkpoint folder: torch's own ``FileSystemWriter`` and ``dcp.async_save``.
 
 sprite writes no archive format of its own (it did until issue 26; tests/data/dcp_v1 keeps a folder of that
-format, which sprite's reader still loads). The writer is torch's, with three public options set:
+format, which sprite's reader still loads). The writer is torch's, with two public options set:
 - ``sync_files=False``: sprite fsyncs every rank's files itself on its background thread, then seals
   (``sprite.runtime.ckpt.seal``); torch's own fsync would run file by file inside the write.
 - ``thread_count``: a rank's shards are spread over :func:`threads` files written in parallel.
-- ``cache_staged_state_dict`` where an accelerator is present: the pinned host copy is reused from one save to
-  the next (it needs an accelerator: on a CPU-only torch 2.13 it raises "Cannot access accelerator device").
 Each item is a ``torch.save`` record written without its CRC-32 (``torch.serialization.set_crc32_options``,
 :func:`no_crc32`): ``torch.load`` does not need it, and sprite's manifest covers every byte with SHA-256. That
 setting is per thread (torch 2.13 torch/utils/_config_module.py keeps overrides in a ContextVar), so
@@ -25,11 +23,12 @@ save's plans each), one per layout a process has saved. Process mode takes torch
 made here could not be sent to torch's process).
 
 ``MODE`` picks torch's async checkpointer: "thread" (a thread of this rank) or "process" (a process torch starts,
-which keeps the write's Python work off the training loop's GIL); benchmarks/checkpoint_io.py measures both. torch's
-``DefaultStager``, which process mode stages with, cannot be used for a second save in torch 2.11 ("KeyError:
-<class 'type'>" in _state_dict_stager.py, pytorch/pytorch#183413: its ``_stage`` closes the stager), so process mode
-stages with sprite's own (``sprite.runtime.ckpt.stage.shared_stager``: shared host buffers kept from save to save)
-and every save gets a writer of its own. On one H200 (docs/runs/h200-2026-12-03) process mode's step-time ratio was
+which keeps the write's Python work off the training loop's GIL); benchmarks/checkpoint_io.py measures both. Both
+stage with sprite's own stager (``sprite.runtime.ckpt.stage.stager``: host buffers kept from save to save, shared
+memory in process mode, device copies queued on a side stream instead of waited for). torch's ``DefaultStager``,
+which process mode would stage with, cannot be used for a second save in torch 2.11 ("KeyError: <class 'type'>" in
+_state_dict_stager.py, pytorch/pytorch#183413: its ``_stage`` closes the stager). Every save gets a writer of its
+own. On one H200 (docs/runs/h200-2026-12-03) process mode's step-time ratio was
 1.19x and 1.41x in two runs (the second waited for saves that outlasted the 10 steps between them) against thread
 mode's 1.38-1.43x, and equal (1.29x) at a larger batch: not shown better, so "thread" stays the default.
 """
@@ -111,10 +110,6 @@ class Writer(FileSystemWriter):
             return super().write_data(plan, planner)
 
 
-def _accelerated() -> bool:
-    return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
-
-
 def writer(path) -> FileSystemWriter:
     """torch's writer for a folder sprite has just created (module docstring)."""
     import logging
@@ -124,8 +119,7 @@ def writer(path) -> FileSystemWriter:
     quiet = logging.getLogger(DCP_LOGGER)
     if quiet.level == logging.DEBUG:  # torch's own setting: records built per staged item and dropped
         quiet.setLevel(logging.INFO)
-    return Writer(path, single_file_per_rank=True, sync_files=False, thread_count=threads(),
-                  cache_staged_state_dict=MODE == "thread" and _accelerated())
+    return Writer(path, single_file_per_rank=True, sync_files=False, thread_count=threads())
 
 
 @contextlib.contextmanager

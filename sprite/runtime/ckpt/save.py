@@ -2,8 +2,9 @@
 
 Single file: Lightning 2.6.6 serializes a checkpoint into memory and writes the bytes through an fsspec
 transaction (fabric/utilities/cloud_io.py:85-117, called from fabric/plugins/io/torch_io.py:58). sprite replaces
-that write. Inside a save that ``sprite.runtime.ckpt.seal`` runs (:func:`collecting`), the checkpoint is copied
-off the device (``sprite.runtime.ckpt.stage``) and :func:`write_file` runs later on the background thread:
+that write. Inside a save that ``sprite.runtime.ckpt.seal`` runs (:func:`collecting`), the checkpoint's copy
+off the device is queued (``sprite.runtime.ckpt.stage``) and the write runs later on the background thread, once
+the copy is done:
 ``torch.save`` into a new temporary name beside the target (never through a symlink), fsync, a pool of threads
 hashes its 64 MiB pieces from the page cache; the seal renames it to the target once every rank's files are
 durable. Called outside such a save, :func:`atomic_save` does the same at once and renames at the end. Remote
@@ -11,8 +12,9 @@ paths keep Lightning's own write.
 
 Sharded folder: Lightning's ``torch.distributed.checkpoint.save`` (fabric/strategies/fsdp.py:860, imported by
 pytorch/strategies/model_parallel.py and fsdp.py) is replaced by :func:`dcp_save`: torch's ``dcp.async_save``
-with torch's ``FileSystemWriter`` (``sprite.runtime.ckpt.dcp_write``) inside a sealed save, which returns once the
-state is staged in host memory; ``dcp.save`` with the same writer outside one. The seal hashes the files after.
+with torch's ``FileSystemWriter`` (``sprite.runtime.ckpt.dcp_write``) and sprite's stager inside a sealed save,
+which returns once the state's copy into host memory is queued (``sprite.runtime.ckpt.stage``); ``dcp.save`` with
+the same writer outside one. The seal hashes the files after.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sys
 from pathlib import Path
 
 from sprite.integrity import digest
@@ -32,8 +35,7 @@ from sprite.runtime.ckpt.gcpause import paused_gc
 _WRITTEN: dict[str, tuple[int, int, int, dict, bool]] = {}
 _collect: list | None = None  # the background writes of the save seal.py is running, while it runs
 _host = None  # this rank's reusable host buffers (stage.HostCopy)
-_dcp_writer = None  # this rank's thread-mode FileSystemWriter (keeps its pinned host copy from save to save)
-_stager = None  # this rank's process-mode stager (stage.shared_stager: shared host buffers kept from save to save)
+_stagers: dict = {}  # this rank's stager per async mode (stage.stager: host buffers kept from save to save)
 
 
 class Pending:
@@ -56,6 +58,9 @@ def collecting():
         yield _collect
     finally:
         _collect = None
+        stage = sys.modules.get("sprite.runtime.ckpt.stage")
+        if stage is not None:  # the save's device copies were queued: later kernels wait for them (stage.fence)
+            stage.fence()
 
 
 def _temp(target: Path) -> Path:
@@ -116,10 +121,11 @@ def _staged_file(checkpoint: dict, target: Path) -> Pending:
 
     _host = _host or HostCopy()
     with paused_gc():
-        host = _host.copy(checkpoint)
+        host, ticket = _host.queue(checkpoint)
     temp = _temp(target)
 
     def run() -> dict:
+        ticket.wait()
         entry, _ = _write_temp(host, temp, fsync=True)
         return {target.name: entry}
 
@@ -171,7 +177,7 @@ def _lightning_atomic_save(checkpoint, filepath) -> None:
 def dcp_save(converted_state: dict, path, process_group=None) -> None:
     """Lightning's ``_distributed_checkpoint_save`` with torch's ``FileSystemWriter`` as sprite sets it up
     (``sprite.runtime.ckpt.dcp_write``). Every rank calls it, as Lightning does. Inside :func:`collecting`: torch's
-    ``dcp.async_save``, which returns once the state is staged in host memory; the write goes on in the
+    ``dcp.async_save``, which returns once the state's copy into host memory is queued; the write goes on in the
     background and the :class:`Pending` added waits for it. Otherwise ``dcp.save`` now. No fsync (the seal sees
     to it); the files are hashed when the save is sealed."""
     from sprite.runtime.ckpt import dcp_write
@@ -196,44 +202,40 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
 
 
 def process_stager():
-    """This rank's process-mode stager (``stage.shared_stager``), or None before its first process-mode save."""
-    return _stager
+    """This rank's process-mode stager (``stage.stager``), or None before its first process-mode save."""
+    return _stagers.get("process")
 
 
 def forget() -> None:
     """After this process's process group ended and before another starts (a warm pool's next role): the next
     save makes its own writer and gloo group instead of using ones tied to the group that ended."""
-    global _dcp_writer
     from sprite.runtime.ckpt import background, dcp_write
 
-    _dcp_writer = None
     background.forget()
     dcp_write.new_group()
 
 
 def _async_dcp(state: dict, path, group) -> Pending:
-    global _dcp_writer
     from torch.distributed.checkpoint import async_save
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
     from sprite.runtime.ckpt import dcp_write
+    from sprite.runtime.ckpt.stage import stager
 
-    global _stager
-    mode, stager = dcp_write.MODE, None
-    if mode == "process":  # sprite's stager, kept (dcp_write's docstring: torch 2.11 cannot reuse its own)
-        from sprite.runtime.ckpt.stage import shared_stager
-
-        writer, planner = dcp_write.writer(path), None
-        stager = _stager = _stager or shared_stager()
-    else:
-        writer, planner = _dcp_writer or dcp_write.writer(path), dcp_write.planner(state)
-        _dcp_writer = writer
+    mode = dcp_write.MODE
+    # sprite's stager in both modes (dcp_write's docstring: torch 2.11 cannot reuse its own in process mode; the
+    # queued copies, sprite.runtime.ckpt.stage); process mode takes torch's default planner
+    staging = _stagers.get(mode) or _stagers.setdefault(mode, stager(shared=mode == "process"))
+    planner = None if mode == "process" else dcp_write.planner(state)
     with paused_gc():
-        future = async_save(state, checkpoint_id=path, storage_writer=writer, process_group=group, planner=planner,
-                            async_checkpointer_type=AsyncCheckpointerType(mode), async_stager=stager)
+        started = async_save(state, checkpoint_id=path, storage_writer=dcp_write.writer(path), process_group=group,
+                             planner=planner, async_checkpointer_type=AsyncCheckpointerType(mode),
+                             async_stager=staging)
+    # a stager whose stage() returns a Future gets torch's AsyncSaveResponse (staging and upload futures)
+    upload = getattr(started, "upload_completion", started)
 
     def run() -> dict:
-        future.result()
+        upload.result()
         return {}
 
     return Pending(run)

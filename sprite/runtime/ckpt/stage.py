@@ -1,42 +1,122 @@
-"""Copy a full-state checkpoint off the device, so that training can go on while it is written.
+"""Copy a checkpoint's state off the device, so that training can go on while it is written.
 
 Lightning's checkpoint dict shares tensors (and the optimizer's per-parameter dicts) with the live model: the
 next step changes them in place. :class:`HostCopy` makes a copy that nothing else references: containers rebuilt
 with their own type, tensors copied to host memory (pinned where the device has it; the buffers are reused from
 one save to the next when the shapes match, as torch's ``BlockingAsyncStager`` does with
-``cache_staged_state_dict``), any other value deep-copied. Device copies are started together and waited for once.
+``cache_staged_state_dict``), any other value deep-copied.
 
-:func:`shared_stager` makes the same copy for torch's process-mode ``dcp.async_save`` (an ``AsyncStager``, torch's
-public protocol for it): its buffers are in shared memory, so the state reaches torch's checkpoint process as
-descriptors instead of a copy through a pipe, pinned with ``torch.cuda.cudart().cudaHostRegister`` where CUDA is
-present, and kept from save to save (torch 2.11's ``DefaultStager`` cannot stage twice, pytorch/pytorch#183413). A
-DTensor is staged as its copy on the CPU the first time (its mesh and placements kept), whose local tensor then gets
-each later save's copy.
+Queued copies (:meth:`HostCopy.queue`, what background saves use while ``QUEUED`` is True): the copies from an
+accelerator run on a stream of their own (:func:`_side_stream`), after what the training loop queued before the
+save, and the training loop does not wait for them. :func:`fence`, which ``sprite.runtime.ckpt.save.collecting``
+calls as a save's staging ends, makes every later kernel on the loop's stream wait for them on the device, so no
+kernel changes a value before it is copied; the allocator is told of the side stream's use of every source
+(``Tensor.record_stream``), so a source freed meanwhile is not reused before its copy. The writer waits for the
+copies on the host (:meth:`Ticket.wait`) before it reads them. The device's compute waits for the copies as
+before; what goes on meanwhile is the host's work (the next step's Python and kernel launches, data loading),
+which a synchronous copy held up. A save's own barrier (Lightning's ``strategy.barrier`` after
+``save_checkpoint``) synchronises only the loop's stream, so it does not wait for the side stream.
+
+:func:`stager` makes the same copy for torch's ``dcp.async_save`` (an ``AsyncStager``, torch's public protocol
+for it), returning a ``Future`` that is done when the copies are; in process mode (``shared``) its buffers are in
+shared memory, so the state reaches torch's checkpoint process as descriptors instead of a copy through a pipe,
+pinned with ``torch.cuda.cudart().cudaHostRegister`` where CUDA is present, and kept from save to save (torch
+2.11's ``DefaultStager`` cannot stage twice, pytorch/pytorch#183413). A DTensor is staged as its copy on the CPU
+the first time (its mesh and placements kept), whose local tensor then gets each later save's copy.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import threading
 
 import torch
 
+QUEUED = True  # background saves queue their device copies (module docstring); False: they wait for them
+
+_streams: dict = {}  # device -> the side stream its queued copies run on
+_unfenced: list = []  # (device, event) of queued copies no fence has ordered the loop's stream after yet
+_lock = threading.Lock()
+
+
+class Ticket:
+    """The copies one :meth:`HostCopy.queue` queued: :meth:`wait` returns once they are in host memory."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def wait(self) -> None:
+        for event in self.events:
+            event.synchronize()  # releases the GIL while it waits
+
+
+def fence() -> None:
+    """Make every kernel the training loop queues from now on wait, on the device, for the copies queued so far."""
+    with _lock:
+        pending, _unfenced[:] = list(_unfenced), []
+    for device, event in pending:
+        torch.get_device_module(device).current_stream(device).wait_event(event)
+
+
+def _side_stream(device):
+    stream = _streams.get(device)
+    if stream is None:
+        stream = _streams[device] = torch.get_device_module(device).Stream(device)
+    return stream
+
+
+def _forget_streams() -> None:
+    """In a forked child: the parent's streams and events are not this process's."""
+    _streams.clear()
+    _unfenced.clear()
+
+
+os.register_at_fork(after_in_child=_forget_streams)
+
+
+def _accelerated(device) -> bool:
+    return device.type != "cpu" and device.type != "meta" and hasattr(torch.get_device_module(device), "Stream")
+
 
 class HostCopy:
-    """One rank's reusable host buffers for :meth:`copy` (in shared memory when ``shared``)."""
+    """One rank's reusable host buffers for :meth:`copy` and :meth:`queue` (in shared memory when ``shared``)."""
 
     def __init__(self, shared: bool = False):
-        self.buffers: list[torch.Tensor] = []
+        self.buffers: list = []
         self.devices: set = set()
         self.shared = shared
         self.registered: list[torch.Tensor] = []  # buffers pinned with cudaHostRegister, to unregister
+        self._streams: dict | None = None  # device -> side stream while queue() copies; None: copy() waits
 
     def copy(self, state):
-        """A copy of ``state`` whose tensors live in host memory of this process alone."""
+        """A copy of ``state`` whose tensors live in host memory of this process alone, complete on return."""
         self.devices, used = set(), [0]
         out = self._copy(state, used)
         for device in self.devices:
             torch.get_device_module(device).synchronize(device)
         return out
+
+    def queue(self, state) -> tuple:
+        """``(copy, ticket)``: the copy :meth:`copy` makes, with its device copies queued (module docstring) and
+        ``ticket.wait()`` to wait for them. With ``QUEUED`` False, the copy is complete on return."""
+        if not QUEUED:
+            return self.copy(state), Ticket([])
+        self.devices, used, self._streams = set(), [0], {}
+        try:
+            out = self._copy(state, used)
+        finally:
+            streams, self._streams = self._streams, None
+        events = []
+        for device, stream in streams.items():
+            event = torch.get_device_module(device).Event()
+            event.record(stream)
+            events.append(event)
+            with _lock:
+                _unfenced.append((device, event))
+        for device in self.devices - set(streams):  # copies outside a side stream (none today): waited for
+            torch.get_device_module(device).synchronize(device)
+        return out, Ticket(events)
 
     def _copy(self, value, used: list):
         if isinstance(value, torch.Tensor):
@@ -57,35 +137,64 @@ class HostCopy:
             return tuple(self._copy(item, used) for item in value)
         return copy.deepcopy(value)
 
+    def _into(self, buffer: torch.Tensor, source: torch.Tensor) -> None:
+        """``buffer.copy_(source)``: on the device's side stream while :meth:`queue` runs (after what the loop's
+        stream queued before), else on the loop's stream, waited for by :meth:`copy`."""
+        device = source.device
+        if not _accelerated(device):
+            buffer.copy_(source)
+            return
+        pinned = buffer.is_pinned() if not self.shared else device.type == "cuda"
+        if self._streams is None:
+            self.devices.add(device)
+            buffer.copy_(source, non_blocking=pinned)
+            return
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = _side_stream(device)
+            stream.wait_stream(torch.get_device_module(device).current_stream(device))
+        with torch.get_device_module(device).stream(stream):
+            buffer.copy_(source, non_blocking=pinned)
+        source.record_stream(stream)
+
     def _tensor(self, tensor: torch.Tensor, used: list) -> torch.Tensor:
         tensor = tensor.detach()
-        if self.shared and _is_dtensor(tensor):
+        if _is_dtensor(tensor):
             return self._dtensor(tensor, used)
         if type(tensor) is not torch.Tensor or tensor.layout != torch.strided:
             return copy.deepcopy(tensor.cpu())  # a subclass or sparse tensor: torch copies it its own way
         index = used[0]
         used[0] += 1
-        pinned = tensor.device.type != "cpu" and torch.accelerator.is_available()
         buffer = self.buffers[index] if index < len(self.buffers) else None
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = self._new(tensor, pinned)
-            self.buffers[index:index + 1] = [buffer]
-        if tensor.device.type != "cpu":
-            self.devices.add(tensor.device)
-        buffer.copy_(tensor, non_blocking=tensor.device.type == "cuda" if self.shared else pinned)
+        if not isinstance(buffer, torch.Tensor) or _is_dtensor(buffer) or buffer.shape != tensor.shape \
+                or buffer.dtype != tensor.dtype:
+            buffer = self._new(tensor)
+            self._put(index, buffer)
+        self._into(buffer, tensor)
         return buffer
 
-    def _new(self, tensor: torch.Tensor, pinned: bool) -> torch.Tensor:
+    def _new(self, tensor: torch.Tensor) -> torch.Tensor:
         if not self.shared:
+            pinned = tensor.device.type != "cpu" and torch.accelerator.is_available()
             return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pinned)
         buffer = torch.empty(tensor.shape, dtype=tensor.dtype).share_memory_()
         if tensor.device.type == "cuda" and buffer.numel() and _host_register(buffer):
             self.registered.append(buffer)
         return buffer
 
+    def _put(self, index: int, buffer) -> None:
+        """Keep ``buffer`` at ``index``, unpinning the one it replaces (if sprite pinned it)."""
+        old = self.buffers[index] if index < len(self.buffers) else None
+        if old is not None:
+            local = old.to_local() if _is_dtensor(old) else old
+            if any(local is mine for mine in self.registered):
+                torch.cuda.cudart().cudaHostUnregister(local.data_ptr())
+                self.registered = [mine for mine in self.registered if mine is not local]
+        self.buffers[index:index + 1] = [buffer]
+
     def _dtensor(self, tensor, used: list):
-        """A DTensor whose local tensor is a shared host buffer: copied to the CPU the first time (torch keeps the
-        mesh and placements), then given each later save's copy of the local tensor."""
+        """A DTensor whose local tensor is a host buffer (shared when ``shared``): copied to the CPU the first
+        time (torch keeps the mesh and placements), then given each later save's copy of the local tensor."""
         index = used[0]
         used[0] += 1
         staged = self.buffers[index] if index < len(self.buffers) else None
@@ -95,14 +204,13 @@ class HostCopy:
                 or staged.to_local().shape != local.shape):
             staged = tensor.to("cpu", copy=True)  # a copy even from CPU, where .cpu() would be the tensor itself
             mine = staged.to_local()  # the DTensor's own local tensor (no autograd here)
-            mine.share_memory_()
+            if self.shared:
+                mine.share_memory_()
             if local.device.type == "cuda" and mine.numel() and _host_register(mine):
                 self.registered.append(mine)
-            self.buffers[index:index + 1] = [staged]
+            self._put(index, staged)
             return staged
-        if local.device.type != "cpu":
-            self.devices.add(local.device)
-        staged.to_local().copy_(local, non_blocking=local.device.type == "cuda")
+        self._into(staged.to_local(), local)
         return staged
 
     def release(self) -> None:
@@ -126,27 +234,41 @@ def _host_register(buffer: torch.Tensor) -> bool:
     return int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.untyped_storage().nbytes(), 0)) == 0
 
 
-def shared_stager():
-    """A :class:`SharedStager` (made here so that torch's staging module is imported only when one is needed)."""
+def stager(shared: bool):
+    """A :class:`Stager` (made here so that torch's staging module is imported only when one is needed)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from torch.distributed.checkpoint.staging import AsyncStager
 
-    class SharedStager(AsyncStager):
-        """torch's ``AsyncStager`` protocol for process-mode ``dcp.async_save``: stages into :class:`HostCopy`'s
-        shared buffers, kept from save to save; staging is done when :meth:`stage` returns."""
+    class Stager(AsyncStager):
+        """torch's ``AsyncStager`` protocol for ``dcp.async_save``: stages into :class:`HostCopy`'s buffers
+        (shared memory when ``shared``), kept from save to save; :meth:`stage` returns a ``Future`` of the copy,
+        done once its queued device copies are (torch's executors wait for it before they plan or write)."""
 
         _synchronize_after_execute = False
 
         def __init__(self):
-            self.host = HostCopy(shared=True)
+            self.host = HostCopy(shared=shared)
+            self.waiter = None
 
-        def stage(self, state_dict):
+        def stage(self, state_dict) -> Future:
             with torch.no_grad():
-                return self.host.copy(state_dict)
+                out, ticket = self.host.queue(state_dict)
+            if not ticket.events:
+                done: Future = Future()
+                done.set_result(out)
+                return done
+            if self.waiter is None:
+                self.waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sprite-stage-wait")
+            return self.waiter.submit(lambda: (ticket.wait(), out)[1])
 
         def synchronize_staging(self) -> None:
-            """Nothing to wait for: :meth:`stage` waited for the device's copies."""
+            """Nothing to wait for here: the Future :meth:`stage` returned is done when the copies are."""
 
         def close(self) -> None:
+            if self.waiter is not None:
+                self.waiter.shutdown(wait=True)
+                self.waiter = None
             self.host.release()
 
-    return SharedStager()
+    return Stager()
