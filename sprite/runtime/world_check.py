@@ -15,6 +15,7 @@ import os
 import sys
 
 from sprite import contract
+from sprite.contract import store_ready
 
 from sprite.runtime.checks import findings
 
@@ -46,7 +47,8 @@ def seen(kind: str) -> None:
 
 
 def install(rank: int = 0) -> None:
-    """Note the world size after every ``torch.distributed.init_process_group``, whoever calls it.
+    """Note the world size after every ``torch.distributed.init_process_group``, whoever calls it (and, on a rank
+    other than 0, wait first until rank 0's store listens: sprite.contract.store_ready).
 
     Workaround for the lack of a public hook: Lightning calls it as ``torch.distributed.init_process_group``
     (Lightning 2.6.6 fabric/utilities/distributed.py:_init_dist_connection) and scripts as ``dist.init_process_group``,
@@ -63,6 +65,7 @@ def install(rank: int = 0) -> None:
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):
         seen("plain torch.distributed")  # a Trainer or Fabric noted itself before Lightning got here
+        store_ready.before_init(args, kwargs)  # rank 0's store listens before torch connects (no backoff)
         result = original(*args, **kwargs)
         note()
         return result
