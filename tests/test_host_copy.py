@@ -93,3 +93,18 @@ def test_a_source_freed_before_its_queued_copy_ran_is_not_reused_meanwhile():
     stage.fence()
     ticket.wait()
     assert torch.equal(copied["w"], want)
+
+
+@ON_CUDA
+def test_a_buffer_replaced_after_a_layout_change_is_unpinned_and_forgotten():
+    """A tensor whose shape changed between saves gets a new buffer; the one it replaces is unpinned
+    (cudaHostUnregister) and no longer listed, so the pinned memory does not grow save after save."""
+    host = stage.HostCopy(shared=True)
+    host.copy({"w": torch.ones(1024, device="cuda")})
+    first = host.buffers[0]
+    assert any(mine is first for mine in host.registered)
+    copied = host.copy({"w": torch.ones(2048, device="cuda")})
+    assert copied["w"].shape == (2048,) and len(host.registered) == 1
+    assert not any(mine is first for mine in host.registered)
+    host.release()
+    assert host.registered == [] and host.buffers == []
