@@ -284,8 +284,11 @@ def test_a_launch_past_the_time_limit_ends_the_check_as_not_executed(tmp_path, m
     out = tmp_path / "check"
     code, text = invoke("--out", str(out), "--devices", "2", "--time-limit", "2")
     assert code == 1 and "verdict: FAIL" in text
-    report = json.dumps(report_of(out))
-    assert "not executed: timed out after 2 s" in report
+    assert "not executed: timed out after 2 s" in text  # the launch's line in the progress display
+    # The report names what did not run. A timed-out launch whose rank still sealed its results during the stop's
+    # grace period (seen on busy CI cores: SIGTERM at 2 s, SIGKILL 10 s later) is not among them; the launches the
+    # check never started always are.
+    assert "not executed:" in json.dumps(report_of(out)["checks"])
     outcomes = [json.loads(path.read_text()) for path in (out / "launches").glob("*.json")]
     assert any(o.get("timed_out") for o in outcomes)
     assert all(o.get("timed_out") or o.get("cancelled") or o.get("skipped") for o in outcomes)
