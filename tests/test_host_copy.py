@@ -34,6 +34,19 @@ def test_on_cpu_a_queued_copy_is_complete_on_return_and_its_ticket_waits_for_not
     assert ticket.events == [] and torch.equal(copied["w"], torch.arange(4.0))
 
 
+def test_copies_from_an_accelerator_other_than_cuda_are_waited_for_not_queued(monkeypatch):
+    """Queued copies were tested on CUDA only, so from any other accelerator (XPU) a save waits for its copies.
+    A fake: the CPU stands in for an XPU here (stage._accelerated says yes to it), as no XPU runs on this machine."""
+    waited = []
+    monkeypatch.setattr(stage, "_accelerated", lambda device: True)
+    monkeypatch.setattr(torch.cpu, "synchronize", lambda device=None: waited.append(device))
+    state = {"w": torch.arange(4.0)}
+    copied, ticket = stage.HostCopy().queue(state)
+    state["w"].mul_(0)
+    assert ticket.events == [] and waited == [torch.device("cpu")]
+    assert torch.equal(copied["w"], torch.arange(4.0))
+
+
 def test_every_save_ends_with_the_fence_that_orders_later_kernels_after_its_copies(monkeypatch):
     fenced = []
     monkeypatch.setattr(stage, "fence", lambda: fenced.append(True))

@@ -15,7 +15,9 @@ kernel changes a value before it is copied; the allocator is told of the side st
 copies on the host (:meth:`Ticket.wait`) before it reads them. The device's compute waits for the copies as
 before; what goes on meanwhile is the host's work (the next step's Python and kernel launches, data loading),
 which a synchronous copy held up. A save's own barrier (Lightning's ``strategy.barrier`` after
-``save_checkpoint``) synchronises only the loop's stream, so it does not wait for the side stream.
+``save_checkpoint``) synchronises only the loop's stream, so it does not wait for the side stream. Copies are
+queued from CUDA devices only, where they were tested (an H200, docs/runs/h200-2026-12-03-b); from any other
+accelerator (XPU) the save waits for them, as before.
 
 :func:`stager` makes the same copy for torch's ``dcp.async_save`` (an ``AsyncStager``, torch's public protocol
 for it), returning a ``Future`` that is done when the copies are; in process mode (``shared``) its buffers are in
@@ -145,7 +147,7 @@ class HostCopy:
             buffer.copy_(source)
             return
         pinned = buffer.is_pinned() if not self.shared else device.type == "cuda"
-        if self._streams is None:
+        if self._streams is None or device.type != "cuda":  # queued on CUDA only: the one device they ran on
             self.devices.add(device)
             buffer.copy_(source, non_blocking=pinned)
             return
