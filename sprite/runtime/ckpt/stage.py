@@ -6,8 +6,8 @@ with their own type, tensors copied to host memory (pinned where the device has 
 one save to the next when the shapes match, as torch's ``BlockingAsyncStager`` does with
 ``cache_staged_state_dict``), any other value deep-copied.
 
-Queued copies (:meth:`HostCopy.queue`, what background saves use while ``QUEUED`` is True): the copies from an
-accelerator run on a stream of their own (:func:`_side_stream`), after what the training loop queued before the
+Queued copies (:meth:`HostCopy.queue`, what background saves use while ``QUEUED`` is True): the copies from a
+CUDA device run on a stream of their own (:func:`_side_stream`), after what the training loop queued before the
 save, and the training loop does not wait for them. :func:`fence`, which ``sprite.runtime.ckpt.save.collecting``
 calls as a save's staging ends, makes every later kernel on the loop's stream wait for them on the device, so no
 kernel changes a value before it is copied; the allocator is told of the side stream's use of every source
@@ -77,6 +77,11 @@ def _forget_streams() -> None:
 os.register_at_fork(after_in_child=_forget_streams)
 
 
+def _synchronize(devices) -> None:
+    for device in devices:
+        torch.get_device_module(device).synchronize(device)
+
+
 def _accelerated(device) -> bool:
     return device.type != "cpu" and device.type != "meta" and hasattr(torch.get_device_module(device), "Stream")
 
@@ -95,8 +100,7 @@ class HostCopy:
         """A copy of ``state`` whose tensors live in host memory of this process alone, complete on return."""
         self.devices, used = set(), [0]
         out = self._copy(state, used)
-        for device in self.devices:
-            torch.get_device_module(device).synchronize(device)
+        _synchronize(self.devices)
         return out
 
     def queue(self, state) -> tuple:
@@ -116,8 +120,7 @@ class HostCopy:
             events.append(event)
             with _lock:
                 _unfenced.append((device, event))
-        for device in self.devices - set(streams):  # copies outside a side stream (none today): waited for
-            torch.get_device_module(device).synchronize(device)
+        _synchronize(self.devices)  # copies from an accelerator other than CUDA, made on the loop's stream
         return out, Ticket(events)
 
     def _copy(self, value, used: list):
@@ -140,8 +143,8 @@ class HostCopy:
         return copy.deepcopy(value)
 
     def _into(self, buffer: torch.Tensor, source: torch.Tensor) -> None:
-        """``buffer.copy_(source)``: on the device's side stream while :meth:`queue` runs (after what the loop's
-        stream queued before), else on the loop's stream, waited for by :meth:`copy`."""
+        """``buffer.copy_(source)``: from CUDA on the device's side stream while :meth:`queue` runs (after what
+        the loop's stream queued before); otherwise on the loop's stream, noted in ``devices`` to be waited for."""
         device = source.device
         if not _accelerated(device):
             buffer.copy_(source)
