@@ -81,3 +81,22 @@ def test_sprites_init_process_group_lets_torch_connect_only_once_rank_0s_store_l
     dist.init_process_group("gloo", timeout=timedelta(seconds=10))
     assert calls and opened and calls[0] >= opened[0]
     thread.join()
+
+
+def test_a_poll_sends_nothing_and_closes_at_once():
+    """What rank 0's store sees of a poll: a connection that closes without a byte (torch's store drops it)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port, got = server.getsockname()[1], []
+
+    def accept():
+        conn, _ = server.accept()
+        conn.settimeout(5)
+        got.append(conn.recv(64))  # b"" once the poll has closed its end
+        conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    assert store_ready.wait("127.0.0.1", port, 5) is True
+    thread.join(10)
+    server.close()
+    assert got == [b""]
