@@ -54,11 +54,11 @@ def fit_args(root: Path, tag: str, ckpt: Path, hold: int = -1) -> list[str]:
             "--hold-dir", str(root / f"hold-{tag}"), "--count-batches"]
 
 
-def wait_held(folder: Path, watched, timeout: float = 300, evidence=lambda: "") -> None:
-    """Until both ranks wrote held-rank<N>; ``watched()`` says whether the run is still going, ``evidence()`` what
+def wait_held(folder: Path, watched, timeout: float = 300, evidence=lambda: "", ranks: int = 2) -> None:
+    """Until every rank wrote held-rank<N>; ``watched()`` says whether the run is still going, ``evidence()`` what
     to show when it is not."""
     deadline = time.monotonic() + timeout
-    while not all((folder / f"held-rank{r}").exists() for r in (0, 1)):
+    while not all((folder / f"held-rank{r}").exists() for r in range(ranks)):
         assert watched() and time.monotonic() < deadline, \
             f"the ranks never reached the hold step ({folder}): {evidence()}"
         time.sleep(0.1)
@@ -73,17 +73,19 @@ def wait_for(path: Path, text: str, timeout: float = 60) -> None:
     time.sleep(SETTLE)
 
 
-def run_held(sprite_cmd, root: Path, tag: str, flags: list, ckpt: Path, hold: int, signal_to) -> dict:
+def run_held(sprite_cmd, root: Path, tag: str, flags: list, ckpt: Path, hold: int, signal_to, ranks: int = 2,
+             script_flags: tuple = ()) -> dict:
     """`sprite run` that holds at step ``hold``; ``signal_to(proc, run_dir, log)`` sends the signal and waits until
     it is on its way to the ranks (evidence in the log, then SETTLE seconds); then the ranks go."""
     (root / f"hold-{tag}").mkdir()
     run_dir = root / f"run-{tag}"
     with open(root / f"{tag}.log", "w") as log:
-        proc = subprocess.Popen([*sprite_cmd, "run", "--devices", "2", "--run-dir", str(run_dir), *flags,
-                                 *fit_args(root, tag, ckpt, hold)], cwd=root, env=_env(), stdout=log, stderr=log)
+        proc = subprocess.Popen([*sprite_cmd, "run", "--devices", str(ranks), "--run-dir", str(run_dir), *flags,
+                                 *fit_args(root, tag, ckpt, hold), *script_flags], cwd=root, env=_env(),
+                                stdout=log, stderr=log)
         try:
             if hold >= 0:
-                wait_held(root / f"hold-{tag}", lambda: proc.poll() is None)
+                wait_held(root / f"hold-{tag}", lambda: proc.poll() is None, ranks=ranks)
                 signal_to(proc, run_dir, root / f"{tag}.log")
                 (root / f"hold-{tag}" / "go").touch()
             code = proc.wait(timeout=400)
@@ -175,6 +177,17 @@ def test_the_resumed_chain_equals_the_uninterrupted_fit_bit_for_bit(runs):
                     **losses(runs["root"], "c3", rank)}
         assert stitched == losses(runs["root"], "ref", rank)
     assert same_weights(runs["root"] / "final-c3.pt", runs["root"] / "final-ref.pt")
+
+
+def test_one_rank_stops_for_the_signal_though_a_c_library_took_it_beneath_python(sprite_cmd, tmp_path):
+    """On one H200 a rank's MPI start-up (Open MPI's, through mpi4py) replaced the handler beneath Python and the
+    fit trained on (docs/runs/h200-2026-12-03-c). The script here takes SIGUSR1 the same way, through libc, before
+    the Trainer exists; the handler installed again as training starts must still stop the fit."""
+    got = run_held(sprite_cmd, tmp_path, "one", [], tmp_path / "ck", 3, to_sprite_run, ranks=1,
+                   script_flags=("--usr1-taken-beneath-python",))
+    assert got["code"] == EXIT_PREEMPTED, got["log"][-3000:]
+    assert "preempted: the signal reached rank(s) 0; every rank saved" in got["log"]
+    assert integrity.verify(tmp_path / "ck" / "preempted-epoch=0-step=4.ckpt").valid
 
 
 # ---- the real Slurm ----

@@ -115,6 +115,23 @@ def test_bf16_mixed_autocasts_with_an_accelerator_instance(sprite_cmd, tmp_path)
     assert report["linear_dtypes"] == ["torch.bfloat16"]
 
 
+@pytest.mark.parametrize("launcher,strategy,environment", [("local", "auto", "NoneType"),
+                                                         ("mpiexec", "ddp", "LightningEnvironment")])
+def test_one_rank_never_starts_mpi(sprite_cmd, tmp_path, launcher, strategy, environment):
+    """Left to itself, Lightning's environment detection imports mpi4py.MPI, which starts MPI in the rank; on one
+    H200 Open MPI's start-up then took the preemption signal away from it (docs/runs/h200-2026-12-03-c). One rank
+    of any launcher gets Lightning's fallback environment instead (a single-device strategy keeps none)."""
+    import importlib.util
+
+    assert importlib.util.find_spec("mpi4py"), "the test extras install mpi4py: without it this test checks nothing"
+    out = tmp_path / "one"
+    flags = ["--devices", "1", "--launcher", launcher, "--strategy", strategy, "--accelerator", "cpu"]
+    proc = sprite_run(sprite_cmd, tmp_path, flags, PROBE, ["--out", str(out), "--max-steps", "1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "rank0.json").read_text())
+    assert (report["world_size"], report["environment"], report["mpi_started"]) == (1, environment, False)
+
+
 def test_lightning_alone_still_autocasts_cuda_for_an_accelerator_instance(tmp_path):
     """The evidence for XPUMixedPrecision (accelerator_connector.py:489): when this fails, the workaround can go."""
     out = tmp_path / "plain"

@@ -7,6 +7,7 @@ import sys
 
 import lightning
 import pytest
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DDPStrategy
@@ -115,9 +116,10 @@ def test_auto_accelerator_keeps_the_scripts_choice(rank1):
     assert trainer_wrap.launched_trainer_kwargs(cfg(accelerator="auto"), {})["accelerator"] in ("cpu", "cuda")
 
 
-def test_world_of_one_adds_no_environment():
+def test_world_of_one_gets_lightnings_own_environment_so_lightning_never_detects_mpi():
     kwargs = trainer_wrap.launched_trainer_kwargs(cfg(devices="1", world_size="1"), {})
-    assert kwargs["plugins"] == [] and kwargs["devices"] == 1 and kwargs["strategy"] == "auto"
+    assert [type(p) for p in kwargs["plugins"]] == [LightningEnvironment]
+    assert kwargs["devices"] == 1 and kwargs["strategy"] == "auto"
 
 
 def test_pytorch_lightning_trainer_is_refused_in_a_launched_world(tmp_path):

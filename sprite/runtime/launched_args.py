@@ -9,7 +9,7 @@ trainer_wrap.py and fabric_wrap.py.
 from __future__ import annotations
 
 from lightning.fabric import strategies as fabric_strategies
-from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.plugins.environments import ClusterEnvironment, LightningEnvironment
 from lightning.pytorch import strategies as pl_strategies
 
 from sprite.errors import UsageError
@@ -112,8 +112,18 @@ def precision_target(owner: str, cfg: RuntimeConfig, given):
 
 
 def add_environment(cfg: RuntimeConfig, plugins: list) -> None:
-    """Append the launcher's cluster environment (validated against the launch) unless the script gave one."""
-    if cfg.world_size > 1 and cfg.launcher and not any(isinstance(p, ClusterEnvironment) for p in plugins):
-        environment = ENVIRONMENTS[cfg.launcher]()
-        environment.validate_settings(cfg.devices, cfg.num_nodes)
-        plugins.append(environment)
+    """Append the launcher's cluster environment (validated against the launch) unless the script gave one.
+
+    A world of one rank gets Lightning's own ``LightningEnvironment``, the one Lightning falls back to: left to
+    choose, Lightning first tries its other environments in turn, and ``MPIEnvironment.detect`` imports
+    ``mpi4py.MPI`` wherever mpi4py is installed, which starts MPI in the rank. On one H200 Open MPI's start-up then
+    took the preemption signal away from the rank (docs/runs/h200-2026-12-03-c).
+    """
+    if not cfg.launcher or any(isinstance(p, ClusterEnvironment) for p in plugins):
+        return
+    if cfg.world_size == 1:
+        plugins.append(LightningEnvironment())
+        return
+    environment = ENVIRONMENTS[cfg.launcher]()
+    environment.validate_settings(cfg.devices, cfg.num_nodes)
+    plugins.append(environment)

@@ -53,6 +53,7 @@ class PreemptCallback(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.checked_step = trainer.global_step  # the first check comes with the first optimizer step
+        preempt_signal.reinstall()  # a C library set up since the rank started may have taken the signal
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.checked_step:

@@ -11,6 +11,7 @@ from sprite.contract import preemption
 from sprite.errors import UsageError
 
 received: list[int] = []  # signal numbers this process received; read at step boundaries by preempt.py
+_installed: list[int] = []  # the signal install() handles in this process
 
 
 def _on_signal(signum, frame) -> None:
@@ -41,4 +42,18 @@ def install(environ: Mapping[str, str]) -> Optional[str]:
                          "preemption signal.", "NCCL installs that handler when the variable names a signal.",
                          f"Unset it, or launch with --preempt-signal {other}.")
     signal.signal(preemption.signum(name), _on_signal)
+    _installed[:] = [preemption.signum(name)]
     return name
+
+
+def reinstall() -> None:
+    """Install the handler again where Python still believes it holds the signal.
+
+    A C library can take the signal beneath Python with its own ``sigaction``: Python's ``signal.getsignal`` still
+    names this handler, but the kernel calls the library's. MPI's start-up did so in a rank on one H200 (Open MPI
+    4.1.6: the rank never saw the preemption signal; docs/runs/h200-2026-12-03-c). Called as training starts, after
+    the process group, the devices and the script's own imports are set up. A handler the script installed itself
+    is left alone."""
+    for signum in _installed:
+        if signal.getsignal(signum) is _on_signal:
+            signal.signal(signum, _on_signal)

@@ -94,10 +94,17 @@ def main() -> None:
     parser.add_argument("--count-batches", action="store_true", help="a buffer the module's own hook counts in")
     parser.add_argument("--hold-at-step", type=int, default=-1)
     parser.add_argument("--hold-dir", default="")
+    parser.add_argument("--usr1-taken-beneath-python", action="store_true",
+                        help="ignore SIGUSR1 through libc's signal(), as a C library that installs its own handler"
+                             " does: Python's signal.getsignal still names the old handler")
     parser.add_argument("--random-sampler", action="store_true",
                         help="keep the DataLoader's RandomSampler on every rank (its permutation comes from the"
                              " global torch generator) instead of Lightning's DistributedSampler")
     args = parser.parse_args()
+    if args.usr1_taken_beneath_python:
+        import ctypes
+
+        ctypes.CDLL(None).signal(signal.SIGUSR1, ctypes.c_void_p(1))  # SIG_IGN, behind Python's back
 
     L.seed_everything(0, verbose=False)
     gen = torch.Generator().manual_seed(1)

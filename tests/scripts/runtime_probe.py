@@ -8,6 +8,7 @@ every Linear output seen inside training_step, and the post-clip gradient norm o
 import argparse
 import json
 import os
+import sys
 
 import lightning as L
 import torch
@@ -100,6 +101,7 @@ def main():
         "strategy": type(trainer.strategy).__name__,
         "environment": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
         "precision_plugin": type(trainer.precision_plugin).__name__,
+        "mpi_started": "mpi4py.MPI" in sys.modules,
         "losses": model.losses,
         "norms": model.norms,
         "linear_dtypes": sorted(model.linear_dtypes),
