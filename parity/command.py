@@ -1,13 +1,16 @@
 """The one command shape of sprite's three harnesses (`sprite parity`, `sprite bench`, `sprite ckpt-check`), and
 their one way to end on an error. Imports nothing heavy (no torch): `sprite --help` stays instant.
 
-`sprite NAME [OPTIONS]` runs the harness; `sprite NAME run [OPTIONS]` is the same command under a name; the
-harness's other commands (`compare`) sit beside it; `sprite NAME` alone prints the help.
+`sprite NAME [OPTIONS]` runs the harness (`sprite NAME` alone too, with every default); `sprite NAME run [OPTIONS]`
+is the same command under a name; the harness's other commands (`compare`) sit beside it. Without ``--out`` the
+results go to a new ``./sprite-checks/NAME-<n>`` (:func:`default_out`).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import pathlib
 import sys
 from typing import Callable, NoReturn, Sequence
 
@@ -20,6 +23,24 @@ def fail(err: SpriteError) -> NoReturn:
     """Prints ``err`` as sprite's one line on stderr and ends the command with its exit code (raises typer.Exit)."""
     print(report(err), file=sys.stderr, flush=True)
     raise typer.Exit(err.exit_code)
+
+
+CHECKS_FOLDER = "sprite-checks"  # where a harness writes when --out is not given
+
+
+def default_out(name: str) -> pathlib.Path:
+    """``./sprite-checks/<name>-<n>``, n the first number for which nothing exists at that path (not even a dangling
+    symlink). The harness then creates it the way it creates any --out: exclusively where it refuses a used folder,
+    so a second check that picked the same name at the same moment fails instead of writing into the first."""
+    number = 1
+    while os.path.lexists(pathlib.Path(CHECKS_FOLDER) / f"{name}-{number}"):
+        number += 1
+    return pathlib.Path(CHECKS_FOLDER) / f"{name}-{number}"
+
+
+def out_help(what: str, name: str) -> str:
+    """The --out option's help: ``what`` it holds, and where it goes when not given."""
+    return f"{what} Default: a new ./{CHECKS_FOLDER}/{name}-<n>."
 
 
 def harness(name: str, run: Callable, summary: str, examples: Sequence[str]) -> typer.Typer:
@@ -51,7 +72,7 @@ def harness(name: str, run: Callable, summary: str, examples: Sequence[str]) -> 
     run_unless_a_command_follows.__annotations__ = {p.name: p.annotation for p in parameters}
     run_unless_a_command_follows.__doc__ = run.__doc__
 
-    app = typer.Typer(name=name, invoke_without_command=True, no_args_is_help=True, add_completion=False,
+    app = typer.Typer(name=name, invoke_without_command=True, no_args_is_help=False, add_completion=False,
                       rich_markup_mode=None, help=text)
     app.callback()(run_unless_a_command_follows)
     app.command("run", help=f"The same as `sprite {name} [OPTIONS]`. {(run.__doc__ or '').strip()}")(run)

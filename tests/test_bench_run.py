@@ -25,9 +25,12 @@ pytestmark = pytest.mark.slow
 STEP = ["--batch", "2", "--seq", "16", "--steps", "4", "--window", "2", "--warmup", "2"]
 
 
-def bench(sprite_cmd, env, out, *args):
-    result = subprocess.run([*sprite_cmd, "bench", "--out", str(out), *args], env=env, capture_output=True,
-                            text=True, timeout=1200, cwd=out.parent)
+def bench(sprite_cmd, env, out, *args, give_out: bool = True):
+    """`sprite bench --out OUT ARGS`, or without --out in OUT's folder when ``give_out`` is false (then OUT must be
+    where the bench puts its results by default)."""
+    result = subprocess.run([*sprite_cmd, "bench", *(("--out", str(out)) if give_out else ()), *args], env=env,
+                            capture_output=True, text=True, timeout=1200,
+                            cwd=out.parent if give_out else out.parent.parent)
     return result, (json.loads((out / "bench.json").read_text()) if (out / "bench.json").exists() else None)
 
 
@@ -68,13 +71,18 @@ def test_arms_ran_what_they_claim(ddp_sweep):
 
 
 def test_a_sweep_without_baselines_on_cpu_runs_its_ranks_in_a_warm_server_of_its_own(tmp_path, sprite_cmd):
-    out = tmp_path / "run"
+    """Also the bench without --out: its results go to a new ./sprite-checks/bench-<n>."""
+    (tmp_path / "sprite-checks").mkdir()
+    (tmp_path / "sprite-checks" / "bench-1").write_text("a user's file")
+    out = tmp_path / "sprite-checks" / "bench-2"
     env = {k: v for k, v in os.environ.items()
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "SPRITE_WARM_SERVER")}
     private = Path(tempfile.gettempdir()).glob  # where the bench's own server puts its socket
     before = set(private("sprite-warm-*"))
-    result, report = bench(sprite_cmd, env, out, "--sweep", "1,2", *STEP)
+    result, report = bench(sprite_cmd, env, out, "--sweep", "1,2", *STEP, give_out=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "results: sprite-checks/bench-2" in result.stdout and report is not None
+    assert (tmp_path / "sprite-checks" / "bench-1").read_text() == "a user's file"
     assert "starting a warm server for the CPU launches" in result.stdout
     records = [json.loads(path.read_text()) for path in sorted(out.glob("runs/w*/sprite-r0/rank*.json"))]
     assert len(records) == 3 and all(record["warm_served"] for record in records)

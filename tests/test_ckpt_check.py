@@ -3,7 +3,8 @@
 Two checks are shared across the assertions (module-scoped): FP32 and BF16, `tiny`, 2 ranks, reshard 2 -> 1, the
 BF16 one with 4 launch slots. Each runs every role of the four arms, the reshard, the export and the 12 fault cases;
 the other tests reuse their directories (copies where they alter something), so the module launches two checks and
-one extra fit. The FP32 check is the installed `sprite ckpt-check` command as users type it (the headline command;
+one extra fit. The FP32 check is the installed `sprite ckpt-check` command exactly as users type it (the headline
+command, run in a folder of its own, so its results go to ./sprite-checks/ckpt-check-1;
 tests/test_headline_commands.py says so).
 """
 
@@ -24,7 +25,7 @@ from sprite.parity.ckpt.cli import app
 from sprite.parity.ckpt.criterion import FAMILIES
 from sprite.parity.ckpt.settings import FAULTS
 
-from conftest import OUTSIDE_CHECKOUT, WARM_SERVER
+from conftest import WARM_SERVER
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,17 +43,17 @@ def _run(tmp_path_factory, name: str, *args: str):
     return out, code, text
 
 
-# The headline command (README), as typed: `sprite ckpt-check` with the cheapest options (2 ranks, FP32, tiny).
-HEADLINE = ("ckpt-check", "--devices", "2")
+# The headline command (README), exactly as typed: its defaults are the cheapest check (2 ranks, FP32, tiny).
+HEADLINE = ("ckpt-check",)
 
 
 @pytest.fixture(scope="module")
 def fp32(tmp_path_factory, sprite_cmd):
-    """``sprite ckpt-check --devices 2 --out DIR`` in its own process: (DIR, exit code, output)."""
-    out = tmp_path_factory.mktemp("fp32") / "check"
-    done = subprocess.run([*sprite_cmd, *HEADLINE, "--out", str(out)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=1800, cwd=OUTSIDE_CHECKOUT)
-    return out, done.returncode, done.stdout
+    """``sprite ckpt-check`` in its own process and folder: (its default --out, exit code, output)."""
+    cwd = tmp_path_factory.mktemp("fp32")
+    done = subprocess.run([*sprite_cmd, *HEADLINE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=1800, cwd=cwd)
+    return cwd / "sprite-checks" / "ckpt-check-1", done.returncode, done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,13 @@ def test_warm_pools_run_every_role_but_the_killed_fits_and_record_what_fresh_pro
     for rel in records:  # every role's per-step values, restored state and saved state, bit for bit
         got, want = (_without_manifest_hashes(json.loads((root / rel).read_text())) for root in (pooled, fresh))
         assert got == want, rel
+
+
+def test_the_headline_says_where_its_results_went_and_made_nothing_else(fp32):
+    out, code, text = fp32
+    assert code == 0 and "results: sprite-checks/ckpt-check-1" in text, text[-3000:]
+    assert [p.name for p in out.parent.parent.iterdir()] == ["sprite-checks"]
+    assert [p.name for p in out.parent.iterdir()] == ["ckpt-check-1"]
 
 
 def test_one_process_roles_run_two_at_a_time_and_distributed_ones_alone(fp32):

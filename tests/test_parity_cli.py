@@ -1,8 +1,12 @@
-"""One command shape for the three harnesses (parity/command.py): `sprite NAME [OPTIONS]` runs it, `sprite NAME run
-[OPTIONS]` is the same command, `compare` sits beside it, `sprite NAME` alone prints the help with examples.
-In-process and planning only: every case ends in bad usage before anything is launched."""
+"""One command shape for the three harnesses (parity/command.py): `sprite NAME [OPTIONS]` runs it (`sprite NAME`
+alone too: `sprite ckpt-check` is a headline command, run as typed by tests/test_ckpt_check.py), `sprite NAME run
+[OPTIONS]` is the same command, `compare` sits beside it, `--help` shows examples, and without --out the results
+go to a new ./sprite-checks/NAME-<n>. In-process and planning only: every case ends in bad usage before anything
+is launched."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -24,12 +28,13 @@ def sprite(capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("name", HARNESSES)
-def test_alone_it_prints_its_help_with_examples_and_both_commands(capsys, name):
-    code, out, err = sprite(capsys, name)
-    assert code == 2 and out == "", out
-    assert f" {name} [OPTIONS] COMMAND [ARGS]...\n" in err and "--out" in err
-    assert f"\n    sprite {name} --" in err and f"\n    sprite {name} compare " in err  # examples, as typed
-    commands = err[err.index("Commands:"):].split()
+def test_help_shows_examples_and_both_commands(capsys, name):
+    code, out, err = sprite(capsys, name, "--help")
+    assert code == 0 and err == "", err
+    assert f" {name} [OPTIONS] COMMAND [ARGS]...\n" in out and "--out" in out
+    assert f"\n    sprite {name} --" in out and f"\n    sprite {name} compare " in out  # examples, as typed
+    assert f"./sprite-checks/{name}-<n>" in " ".join(out.split())  # where results go without --out
+    commands = out[out.index("Commands:"):].split()
     assert "run" in commands and "compare" in commands
 
 
@@ -46,9 +51,26 @@ def test_options_run_it_and_run_is_the_same_command(capsys, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", HARNESSES)
-def test_out_is_required_to_run(capsys, name):
-    code, _, err = sprite(capsys, name, "--accelerator", "cpu")
-    assert code == 2 and err.startswith("sprite: error: No --out ") and err.count("\n") == 1, err
+def test_without_out_bad_usage_still_makes_nothing(capsys, tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    options, message = HARNESSES[name]
+    code, _, err = sprite(capsys, name, *options)
+    assert code == 2 and err.startswith(f"sprite: error: {message}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_default_out_is_a_new_name_and_never_an_existing_path(tmp_path, monkeypatch):
+    from sprite.parity.command import default_out
+
+    monkeypatch.chdir(tmp_path)
+    assert default_out("parity") == Path("sprite-checks/parity-1") and list(tmp_path.iterdir()) == []
+    (tmp_path / "sprite-checks").mkdir()
+    (tmp_path / "sprite-checks" / "parity-1").mkdir()
+    (tmp_path / "sprite-checks" / "parity-2").symlink_to(tmp_path / "nowhere")  # dangling: still taken
+    (tmp_path / "sprite-checks" / "parity-3").write_text("a user's file")
+    assert default_out("parity") == Path("sprite-checks/parity-4")
+    assert default_out("bench") == Path("sprite-checks/bench-1")
+    assert sorted(p.name for p in (tmp_path / "sprite-checks").iterdir()) == ["parity-1", "parity-2", "parity-3"]
 
 
 @pytest.mark.parametrize("name", HARNESSES)

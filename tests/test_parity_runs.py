@@ -1,10 +1,11 @@
 """`sprite parity` end to end on CPU with gloo: real processes launched through sprite's local supervisor.
 
 Four runs are shared across the assertions (module-scoped): FP32 and BF16 with 2 ranks and with 3 ranks
-(non-power-of-two); the BF16 runs carry the negative controls (loss-level faults at 2 ranks, the four
-DDP-only faults at 3 ranks), so every fault kind is run and must be rejected for its own reason. Each run is the
-installed `sprite` command as users type it; the BF16 run at 2 ranks is the headline command
-`sprite parity --precision bf16-mixed --devices 2` (tests/test_headline_commands.py says so).
+(non-power-of-two); the BF16 run at 3 ranks carries every negative control (the loss-level faults and the four
+DDP-only ones), so every fault kind is run and must be rejected for its own reason. Each run is the installed
+`sprite` command as users type it; the BF16 run at 2 ranks is the headline command `sprite parity --precision
+bf16-mixed` exactly, run in a folder of its own, so its results go to ./sprite-checks/parity-1
+(tests/test_headline_commands.py says so).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def invoke(*args: str):
     return result.exit_code, text
 
 
-# The headline command (README), as typed; the fixture adds --out, --details and two negative controls.
-HEADLINE = ("parity", "--precision", "bf16-mixed", "--devices", "2")
+# The headline command (README), exactly as typed: nothing added.
+HEADLINE = ("parity", "--precision", "bf16-mixed")
 
 
 def _run(tmp_path_factory, sprite_cmd, name: str, *args: str):
@@ -56,12 +57,16 @@ def fp32_3(tmp_path_factory, sprite_cmd):
 
 @pytest.fixture(scope="module")
 def bf16_2(tmp_path_factory, sprite_cmd):
-    return _run(tmp_path_factory, sprite_cmd, "bf16_2", *HEADLINE, "--fault", "missing-rank", "--fault", "wrong-scale")
+    """The headline command exactly as typed, in a folder of its own: (its default --out, exit code, output)."""
+    cwd = tmp_path_factory.mktemp("bf16_2")
+    done = subprocess.run([*sprite_cmd, *HEADLINE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=1200, cwd=cwd)
+    return cwd / "sprite-checks" / "parity-1", done.returncode, done.stdout
 
 
 @pytest.fixture(scope="module")
 def bf16_3(tmp_path_factory, sprite_cmd):
-    faults = ("fp32-backbone", "local-adapter", "scale-grad", "skip-update")
+    faults = ("missing-rank", "wrong-scale", "fp32-backbone", "local-adapter", "scale-grad", "skip-update")
     return _run(tmp_path_factory, sprite_cmd, "bf16_3", "parity", "--precision", "bf16-mixed", "--devices", "3",
                 *(word for fault in faults for word in ("--fault", fault)))
 
@@ -107,12 +112,10 @@ EVIDENCE = {"missing-rank": {"pre_norm", "gradients"}, "wrong-scale": {"pre_norm
             "local-adapter": {"synchronized"}, "skip-update": {"synchronized"}}
 
 
-@pytest.mark.parametrize("fixture, expected", [
-    ("bf16_2", [("missing-rank", "ddp"), ("missing-rank", "fsdp"), ("wrong-scale", "ddp"), ("wrong-scale", "fsdp")]),
-    ("bf16_3", [("fp32-backbone", "ddp"), ("local-adapter", "ddp"), ("scale-grad", "ddp"), ("skip-update", "ddp")]),
-])
-def test_every_fault_is_rejected_for_its_own_reason(fixture, expected, request):
-    out, code, _ = request.getfixturevalue(fixture)
+def test_every_fault_is_rejected_for_its_own_reason(bf16_3):
+    expected = [("missing-rank", "ddp"), ("missing-rank", "fsdp"), ("wrong-scale", "ddp"), ("wrong-scale", "fsdp"),
+                ("fp32-backbone", "ddp"), ("local-adapter", "ddp"), ("scale-grad", "ddp"), ("skip-update", "ddp")]
+    out, code, _ = bf16_3
     report = _report(out, "faults_report.json")
     assert [(c["fault"], c["arm"]) for c in report["cases"]] == expected
     for case in report["cases"]:
@@ -156,14 +159,14 @@ def test_compare_fails_clearly_on_an_incomplete_arm(fp32_2, tmp_path):
     assert code == 1 and "fsdp" in text and "manifest.json" in text
 
 
-def test_missing_fault_case_is_not_executed_and_fails(bf16_2, tmp_path):
+def test_missing_fault_case_is_not_executed_and_fails(bf16_3, tmp_path):
     copy = tmp_path / "copy"
-    shutil.copytree(bf16_2[0], copy)
+    shutil.copytree(bf16_3[0], copy)
     (copy / "fault_wrong-scale" / "fsdp" / "sprite-manifest.json").unlink()
     code, _ = invoke("compare", str(copy))
     cases = _report(copy, "faults_report.json")["cases"]
     assert code == 1
-    assert [c["status"] for c in cases] == ["rejected", "rejected", "rejected", "not executed"]
+    assert [c["status"] for c in cases] == ["rejected"] * 3 + ["not executed"] + ["rejected"] * 4
 
 
 def test_rerun_into_a_used_directory_is_refused(fp32_2):
@@ -174,9 +177,17 @@ def test_rerun_into_a_used_directory_is_refused(fp32_2):
     assert (out / "ddp" / "sprite-manifest.json").read_bytes() == before
 
 
-def test_reports_are_strict_json(bf16_2):
+def test_reports_are_strict_json(bf16_3):
     for name in ("bf16_report.json", "faults_report.json"):
-        json.loads((bf16_2[0] / name).read_text(), parse_constant=lambda c: pytest.fail(f"{name} holds {c}"))
+        json.loads((bf16_3[0] / name).read_text(), parse_constant=lambda c: pytest.fail(f"{name} holds {c}"))
+
+
+def test_the_headline_says_where_its_results_went_and_made_nothing_else(bf16_2):
+    out, code, text = bf16_2
+    assert code == 0 and "results: sprite-checks/parity-1" in text, text
+    assert sorted(p.name for p in out.parent.parent.iterdir()) == ["sprite-checks"]
+    assert [p.name for p in out.parent.iterdir()] == ["parity-1"]
+    assert not (out / "faults_report.json").exists()  # no negative control was asked for
 
 
 @pytest.mark.parametrize("args, words", [

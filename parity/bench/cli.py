@@ -15,7 +15,7 @@ from typing import List, Optional
 import typer
 
 from sprite.errors import EXIT_CHECK_FAILED, EXIT_OK, SpriteError, UsageError
-from sprite.parity.command import fail, harness
+from sprite.parity.command import default_out, fail, harness, out_help
 
 def _run(out: pathlib.Path, settings) -> int:
     from rich.console import Console
@@ -28,6 +28,7 @@ def _run(out: pathlib.Path, settings) -> int:
     console = Console()
     bench_runner.check_plans(out, settings)
     bench_store.claim(out, settings)
+    console.print(f"results: {out}", markup=False, highlight=False, soft_wrap=True)
     with bench_runner.warm_launches(settings, console, bench_plot.prepare):
         results = bench_runner.run_all(out, settings, console)
     report = bench_report.build(out, settings, results)
@@ -39,7 +40,8 @@ def _run(out: pathlib.Path, settings) -> int:
 
 
 def bench(
-    out: Optional[pathlib.Path] = typer.Option(None, help="A fresh folder for the records and the report."),
+    out: Optional[pathlib.Path] = typer.Option(None, help=out_help("A fresh folder for the records and the report.",
+                                                                   "bench")),
     model: str = typer.Option("tiny", help="tiny, qwen2.5-0.5b-shape, or a local checkpoint folder."),
     lora: bool = typer.Option(True, "--lora/--full", help="Train LoRA adapters (default) or every weight."),
     strategy: str = typer.Option("ddp", help="ddp or fsdp (FSDP2)."),
@@ -63,13 +65,11 @@ def bench(
 ) -> None:
     """Launch every arm at every world size, then report."""
     try:
-        if out is None:
-            raise UsageError("No --out folder given.", "Every benchmark needs a fresh place for its results.",
-                             "Pass --out DIR (a folder that does not exist yet or is empty).")
         from sprite.parity.bench.options import settings_from
 
         settings = settings_from(model, lora, strategy, batch, seq, precision, steps, warmup, window, sweep,
                                  devices, list(baseline or []), repeats, compile_, measure_peak, accelerator, attention)
+        out = out if out is not None else default_out("bench")
         code = _run(out, settings)
     except SpriteError as err:
         fail(err)

@@ -17,7 +17,7 @@ import typer
 
 from sprite.contract import ACCELERATORS
 from sprite.errors import EXIT_OK, SpriteError, UsageError
-from sprite.parity.command import fail, harness
+from sprite.parity.command import default_out, fail, harness, out_help
 from sprite.parity.check.faults import FAULTS
 from sprite.parity.settings import PRECISIONS
 
@@ -68,7 +68,8 @@ def _settings(precision, devices, nodes, model, accelerator, fault, time_limit=1
 
 
 def run_command(
-    out: Optional[pathlib.Path] = typer.Option(None, help="A fresh directory for results and reports."),
+    out: Optional[pathlib.Path] = typer.Option(None, help=out_help("A fresh directory for results and reports.",
+                                                                   "parity")),
     precision: Precision = typer.Option(Precision("32-true"), help="FP32 rule, or BF16 autocast (criterion v2)."),
     devices: int = typer.Option(2, min=1, help="Ranks per node for the ddp and fsdp arms."),
     nodes: int = typer.Option(1, min=1, help="Nodes for the ddp and fsdp arms."),
@@ -88,11 +89,9 @@ def run_command(
     """Run every arm in warm pools of processes (or each in its own), showing their progress; then compare and
     print the verdict."""
     try:
-        if out is None:
-            raise UsageError("No --out directory given.", "Every check needs a new place for its results.",
-                             "Pass --out DIR (a directory that does not exist yet).")
         settings = _settings(precision.value, devices, nodes, model, accelerator.value, [f.value for f in fault or []],
                              time_limit)
+        out = out if out is not None else default_out("parity")
         from rich.console import Console
 
         from sprite.parity.check.compare import compare
@@ -100,6 +99,7 @@ def run_command(
 
         claim_dir(out, settings)
         console = Console(stderr=json_out)
+        console.print(f"results: {out}", markup=False, highlight=False, soft_wrap=True)
         start = time.monotonic()
         run_arms(out, settings, console, fresh=fresh_processes)
         console.print(f"all arms finished in {time.monotonic() - start:.1f} s; comparing")
@@ -111,7 +111,8 @@ def run_command(
 
 app = harness("parity", run_command,
               "Check that DDP and FSDP2 match a single device (FP32 rule, or BF16 criterion v2 with --precision "
-              "bf16-mixed).", ["sprite parity --precision 32-true --devices 2 --out runs/fp32",
+              "bf16-mixed).", ["sprite parity --precision bf16-mixed",
+                               "sprite parity --precision 32-true --devices 2 --out runs/fp32",
                                "sprite parity --precision bf16-mixed --devices 2 --out runs/bf16",
                                "sprite parity compare runs/fp32 --details"])
 

@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 
 from sprite.errors import EXIT_OK, SpriteError, UsageError
-from sprite.parity.command import fail, harness
+from sprite.parity.command import default_out, fail, harness, out_help
 
 def _finish(report: dict) -> None:
     from sprite.parity.ckpt.report import show
@@ -68,7 +68,8 @@ def _interruptible(run, *args):
 def ckpt_check(
     devices: int = typer.Option(2, help="Ranks per node for the ddp and fsdp arms."),
     nodes: int = typer.Option(1, help="Nodes for the ddp and fsdp arms."),
-    out: Optional[pathlib.Path] = typer.Option(None, help="A new directory for results, checkpoints and the report."),
+    out: Optional[pathlib.Path] = typer.Option(None, help=out_help("A new directory for results, checkpoints and the"
+                                                                   " report.", "ckpt-check")),
     precision: str = typer.Option("32-true", help="32-true or bf16-mixed."),
     model: str = typer.Option("tiny", help="tiny, qwen2.5-0.5b-shape, or a local checkpoint directory."),
     accelerator: str = typer.Option("auto", help="auto, cpu, cuda or xpu."),
@@ -83,10 +84,8 @@ def ckpt_check(
 ) -> None:
     """Run every role (in warm pools of processes, the killed fits in their own), then compare."""
     try:
-        if out is None:
-            raise UsageError("No --out directory given.", "Every check needs a new place for its results.",
-                             "Pass --out DIR (a directory that does not exist yet).")
         settings = settings_from(precision, devices, nodes, model, accelerator, time_limit, slots)
+        out = out if out is not None else default_out("ckpt-check")
         from rich.console import Console
 
         from sprite.parity.ckpt.compare import compare
@@ -94,6 +93,7 @@ def ckpt_check(
         from sprite.parity.ckpt.runner import claim_dir, run_launches
 
         claim_dir(out, settings)
+        Console().print(f"results: {out}", markup=False, highlight=False, soft_wrap=True)
         timing = _interruptible(run_launches, out, settings, Console(), fresh_processes)
         Console().print(f"every launch ended in {timing['wall_s']:.1f} s; comparing")
         report = {**compare(out), "wall_s": timing["wall_s"]}
@@ -107,7 +107,8 @@ app = harness("ckpt-check", ckpt_check,
               "Kill a fit after its epoch-1 checkpoint, resume and reload it, for 1 device, DDP and FSDP2 (sharded and"
               " full-state checkpoints), with a reshard at half the world size, an export to 1 device and 12 injected"
               " faults; the restored state must equal the saved state bit for bit.",
-              ["sprite ckpt-check --devices 2 --out runs/ckpt",
+              ["sprite ckpt-check",
+               "sprite ckpt-check --devices 2 --out runs/ckpt",
                "sprite ckpt-check --devices 4 --precision bf16-mixed --model qwen2.5-0.5b-shape --out runs/ckpt-bf16",
                "sprite ckpt-check compare runs/ckpt"])
 
