@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sprite.errors import UsageError
 from sprite.launch import devicecount
 from sprite.cli import envinfo
 from sprite.launch.plan import plan_run
@@ -92,7 +93,26 @@ def test_run_starts_one_rank_per_visible_gpu_without_a_scheduler(two_gpu_path, e
     launch = plan_run({"script": example_script}, two_gpu_path)
     assert launch.argv[3:5] == ["--nproc", "2"] and launch.env["SPRITE_DEVICES"] == "2"
     assert plan_run({"script": example_script, "accelerator": "cpu"}, two_gpu_path).world.devices == 1
-    assert plan_run({"script": example_script, "devices": 3}, two_gpu_path).world.devices == 3
+    assert plan_run({"script": example_script, "devices": 3, "accelerator": "cpu"}, two_gpu_path).world.devices == 3
+
+
+@pytest.mark.parametrize("flags, extra", [({"devices": 3}, {}), ({"devices": 3, "accelerator": "cuda"}, {}),
+                                          ({"devices": 2}, {"CUDA_VISIBLE_DEVICES": "1"})])
+def test_more_ranks_than_the_gpus_here_are_refused_before_anything_runs(two_gpu_path, example_script, flags, extra):
+    """On a 1-GPU H200 host `sprite parity --precision bf16-mixed` (2 ranks) ran four arms, then failed in the
+    DDP arm; now the plan refuses it."""
+    with pytest.raises(UsageError) as refused:
+        plan_run({"script": example_script, **flags}, {**two_gpu_path, **extra})
+    shown = 2 if not extra else 1
+    assert str(refused.value).startswith(f"--devices {flags['devices']} puts {flags['devices']} ranks on this "
+                                         f"machine, which shows {shown} cuda device(s).")
+    assert f"--devices {shown} or fewer" in str(refused.value)
+
+
+def test_inside_an_allocation_the_gpus_of_the_planning_node_are_not_counted(two_gpu_path, example_script, tmp_path):
+    (tmp_path / "nodefile").write_text("127.0.0.1\n")
+    env = {**two_gpu_path, "PBS_JOBID": "1.test", "PBS_NODEFILE": str(tmp_path / "nodefile")}
+    assert plan_run({"script": example_script, "devices": 3}, env).world.devices == 3
 
 
 def test_cpu_only_machine_stays_one_rank(clean_env, example_script):

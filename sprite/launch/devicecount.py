@@ -92,6 +92,18 @@ def visible(environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys",
     return "cpu", 0
 
 
+def of(accelerator: str, environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys",
+       **probes) -> tuple[str, int]:
+    """(device type, count) the ranks of ``accelerator`` (auto, cpu, cuda or xpu) would use here; cpu counts 0."""
+    if accelerator == "auto":
+        return visible(environ, sysfs, **probes)
+    if accelerator == "cuda":
+        return "cuda", nvidia_gpus(environ, **probes)
+    if accelerator == "xpu":
+        return "xpu", intel_devices(environ, intel_cards(sysfs))
+    return "cpu", 0
+
+
 def default_ranks(accelerator: str, environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys",
                   **probes) -> int:
     """Ranks per node as ``Trainer(devices="auto")`` would pick for ``accelerator``: one per visible device of

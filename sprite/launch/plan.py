@@ -260,9 +260,24 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     if alloc.scheduler == "none" and not job.devices and not site.job.get("devices"):
         here = devicecount.default_ranks(job.accelerator, environ)  # as Trainer(devices="auto") would
     launched = world.resolve(job, site, alloc, here)
+    if alloc.scheduler == "none":
+        check_devices_here(job, launched.devices, environ)
     plan = build(job, site, launched, context(environ, run_env))
     notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
     return replace(plan, notes=notes)
+
+
+def check_devices_here(job: JobSpec, ranks: int, environ: Mapping[str, str]) -> None:
+    """On this machine alone: refuse more ranks than the devices they would run on (a rank takes a device of its
+    own, and NCCL refuses two ranks on one GPU). Nothing is checked where no device of the kind is seen (a
+    planning machine without nvidia-smi, or CPU ranks). Raises UsageError."""
+    kind, count = devicecount.of(job.accelerator, environ)
+    if kind != "cpu" and 0 < count < ranks:
+        asked = job.blame("devices") if job.devices else f"The site's devices ({ranks})"
+        raise UsageError(f"{asked} puts {ranks} ranks on this machine, which shows {count} {kind} device(s).",
+                         "Every rank takes a device of its own; a second rank on one GPU fails.",
+                         f"Use --accelerator cpu for CPU ranks, a machine with {ranks} {kind} devices, or --devices "
+                         f"{count} or fewer.")
 
 
 def plan_in(job: JobSpec, site: SiteProfile, alloc: Allocation, python: str) -> LaunchPlan:
