@@ -91,11 +91,6 @@ def test_bad_usage_exits_2_before_anything_is_written(args, words, tmp_path):
     assert not (tmp_path / "never").exists()
 
 
-def test_no_out_is_bad_usage():
-    result = CliRunner().invoke(app, [])
-    assert result.exit_code == 2 and "--out" in result.output
-
-
 def test_the_command_modules_import_nothing_heavy():
     probe = ("import sys, sprite.parity.ckpt.cli, sprite.cli.ckpt, sprite.runtime.ckpt.consolidate; "
              "print(sorted({'torch', 'lightning', 'transformers'} & set(sys.modules)))")
