@@ -96,17 +96,43 @@ def test_run_starts_one_rank_per_visible_gpu_without_a_scheduler(two_gpu_path, e
     assert plan_run({"script": example_script, "devices": 3, "accelerator": "cpu"}, two_gpu_path).world.devices == 3
 
 
-@pytest.mark.parametrize("flags, extra", [({"devices": 3}, {}), ({"devices": 3, "accelerator": "cuda"}, {}),
-                                          ({"devices": 2}, {"CUDA_VISIBLE_DEVICES": "1"})])
-def test_more_ranks_than_the_gpus_here_are_refused_before_anything_runs(two_gpu_path, example_script, flags, extra):
-    """On a 1-GPU H200 host `sprite parity --precision bf16-mixed` (2 ranks) ran four arms, then failed in the
-    DDP arm; now the plan refuses it."""
+@pytest.mark.parametrize("flags, extra, build", [
+    ({"devices": 3}, {}, "cuda"), ({"devices": 3, "accelerator": "cuda"}, {}, "cpu"),
+    ({"devices": 3, "accelerator": "cuda"}, {}, ""), ({"devices": 2}, {"CUDA_VISIBLE_DEVICES": "1"}, "cuda")])
+def test_more_ranks_than_the_gpus_here_are_refused_before_anything_runs(two_gpu_path, example_script, monkeypatch,
+                                                                          flags, extra, build):
+    """On a 1-GPU H200 host `sprite parity --precision bf16-mixed` (2 ranks, accelerator auto, torch built for
+    CUDA) ran four arms, then failed in the DDP arm; now the plan refuses it. An explicit --accelerator cuda is
+    checked whatever torch says."""
+    monkeypatch.setattr(devicecount, "torch_build", lambda: build)
     with pytest.raises(UsageError) as refused:
         plan_run({"script": example_script, **flags}, {**two_gpu_path, **extra})
     shown = 2 if not extra else 1
     assert str(refused.value).startswith(f"--devices {flags['devices']} puts {flags['devices']} ranks on this "
                                          f"machine, which shows {shown} cuda device(s).")
     assert f"--devices {shown} or fewer" in str(refused.value)
+
+
+@pytest.mark.parametrize("build", ["cpu", ""])
+def test_auto_with_a_torch_not_built_for_cuda_is_not_refused(two_gpu_path, example_script, monkeypatch, build):
+    """A laptop with an NVIDIA GPU and a CPU build of torch (the README's install): auto gives CPU ranks, so the
+    front page's `sprite run --devices 2` must still plan there. A torch without a label is not known either way."""
+    monkeypatch.setattr(devicecount, "torch_build", lambda: build)
+    assert plan_run({"script": example_script, "devices": 3}, two_gpu_path).world.devices == 3
+
+
+@pytest.mark.parametrize("version, build", [("2.11.0+cu130", "cuda"), ("2.13.0+cpu", "cpu"), ("2.8.0+xpu", "xpu"),
+                                            ("2.5.1+rocm6.2", "cuda"), ("2.13.0", ""), (None, "")])
+def test_the_torch_build_is_read_from_its_version_label(monkeypatch, version, build):
+    from importlib import metadata
+
+    def fake(name):
+        if version is None:
+            raise metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(metadata, "version", fake)
+    assert devicecount.torch_build() == build
 
 
 def test_inside_an_allocation_the_gpus_of_the_planning_node_are_not_counted(two_gpu_path, example_script, tmp_path):

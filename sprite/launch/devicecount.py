@@ -104,6 +104,22 @@ def of(accelerator: str, environ: Mapping[str, str] = os.environ, sysfs: str | P
     return "cpu", 0
 
 
+def torch_build() -> str:
+    """The device type the installed torch was built for, from its version's local label, without importing it:
+    "cuda" (+cuXXX, +rocm), "xpu" (+xpu), "cpu" (+cpu), or "" when there is no label (the default PyPI wheels)
+    or no torch. Needed where the planner guesses for ``accelerator="auto"``: a laptop with an NVIDIA or Intel
+    GPU and a CPU build of torch runs CPU ranks."""
+    from importlib import metadata
+
+    try:
+        label = metadata.version("torch").partition("+")[2].lower()
+    except metadata.PackageNotFoundError:
+        return ""
+    if label.startswith(("cu", "rocm")):
+        return "cuda"
+    return label if label in ("xpu", "cpu") else ""
+
+
 def default_ranks(accelerator: str, environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys",
                   **probes) -> int:
     """Ranks per node as ``Trainer(devices="auto")`` would pick for ``accelerator``: one per visible device of

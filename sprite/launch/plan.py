@@ -270,8 +270,11 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
 def check_devices_here(job: JobSpec, ranks: int, environ: Mapping[str, str]) -> None:
     """On this machine alone: refuse more ranks than the devices they would run on (a rank takes a device of its
     own, and NCCL refuses two ranks on one GPU). Nothing is checked where no device of the kind is seen (a
-    planning machine without nvidia-smi, or CPU ranks). Raises UsageError."""
+    planning machine without nvidia-smi, or CPU ranks), nor for ``--accelerator auto`` unless the installed torch
+    says it was built for that kind of device (with a CPU build, auto runs CPU ranks). Raises UsageError."""
     kind, count = devicecount.of(job.accelerator, environ)
+    if job.accelerator == "auto" and devicecount.torch_build() != kind:
+        return
     if kind != "cpu" and 0 < count < ranks:
         asked = job.blame("devices") if job.devices else f"The site's devices ({ranks})"
         raise UsageError(f"{asked} puts {ranks} ranks on this machine, which shows {count} {kind} device(s).",
