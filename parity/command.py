@@ -38,6 +38,21 @@ def default_out(name: str) -> pathlib.Path:
     return pathlib.Path(CHECKS_FOLDER) / f"{name}-{number}"
 
 
+def make_out(make: Callable, out: pathlib.Path) -> None:
+    """``make(out)``, a harness's creation of its --out folder, with a failure to create it (a file where a folder
+    of the path should be, a name another check took at the same moment, a folder that cannot be written) turned
+    into bad usage: one line, exit 2. Raises UsageError."""
+    from sprite.errors import one_line
+    from sprite.integrity import IntegrityError
+
+    try:
+        make(out)
+    except (OSError, IntegrityError) as err:
+        raise UsageError(f"--out {one_line(str(out), 300)} cannot be made ({getattr(err, 'strerror', None) or err}).",
+                         "A part of the path is a file, another check took the name, or the folder above it is not "
+                         "writable.", "Pass a fresh directory under a folder you can write to.") from None
+
+
 def out_help(what: str, name: str) -> str:
     """The --out option's help: ``what`` it holds, and where it goes when not given."""
     return f"{what} Default: a new ./{CHECKS_FOLDER}/{name}-<n>."

@@ -59,6 +59,17 @@ def test_without_out_bad_usage_still_makes_nothing(capsys, tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", HARNESSES)
+def test_a_file_where_the_default_folder_goes_is_bad_usage_and_stays(capsys, tmp_path, monkeypatch, name):
+    """Before, ckpt-check and bench ended such a case with exit 1 (a failed check) instead of 2."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sprite-checks").write_text("a user's file")
+    code, _, err = sprite(capsys, name, "--accelerator", "cpu")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"sprite: error: --out sprite-checks/{name}-1 cannot be made ("), err
+    assert (tmp_path / "sprite-checks").read_text() == "a user's file" and len(list(tmp_path.iterdir())) == 1
+
+
 def test_the_default_out_is_a_new_name_and_never_an_existing_path(tmp_path, monkeypatch):
     from sprite.parity.command import default_out
 

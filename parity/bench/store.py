@@ -43,7 +43,9 @@ def claim(out: pathlib.Path, settings: BenchSettings) -> None:
         raise UsageError(f"--out {out} is already used; refusing to run into it.",
                          "It holds an earlier benchmark (results are written once).",
                          f"Pass a fresh folder, or compare the old result with `sprite bench compare {out} NEW`.")
-    make_dir(out)
+    from sprite.parity.command import make_out  # here: the ranks import this module, and need no typer
+
+    make_out(make_dir, out)
     write_new(out / SETTINGS_FILE, settings.to_json().encode())
 
 

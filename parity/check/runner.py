@@ -12,14 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from rich.console import Console
 
 from sprite.integrity import owner_only
-from sprite.integrity import IntegrityError
-from sprite.errors import UsageError, one_line
+from sprite.errors import UsageError
 from sprite.parity.check import faults
 from sprite.parity.launch import arm_overrides, launch_arm
 from sprite.parity.pool.host import Pool
 from sprite.parity.progress import ProgressBoard, processes
 from sprite.parity.settings import DISTRIBUTED_ARMS, SINGLE_ARMS, Settings, arm_world
 from sprite.parity.store import ResultError, write_new
+from sprite.parity.command import make_out
 
 
 ARM_MODULE = "sprite.parity.check.arm"
@@ -40,12 +40,7 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
         raise UsageError(f"--out {out} is not empty; refusing to run into it.",
                          "It holds an earlier run (arms never overwrite results).",
                          f"Pass a fresh directory, or recompute the old verdict with `sprite parity compare {out}`.")
-    try:
-        owner_only.make_dirs(out)  # 0700: results and logs inside are for their owner only
-    except (OSError, IntegrityError) as err:  # a file where a folder of the path should be, a read-only file system
-        raise UsageError(f"--out {one_line(str(out), 300)} cannot be made ({getattr(err, 'strerror', None) or err}).",
-                         "A part of the path is a file, or the folder above it is not writable.",
-                         "Pass a fresh directory under a folder you can write to.") from None
+    make_out(owner_only.make_dirs, out)  # 0700: results and logs inside are for their owner only
     write_new(out / "run.json", settings.to_json().encode())
 
 

@@ -32,6 +32,7 @@ from sprite.parity.ckpt.settings import CkptSettings
 from sprite.parity.launch import job_fields, launch
 from sprite.parity.pool.host import Pool
 from sprite.parity.progress import ProgressBoard, processes
+from sprite.parity.command import make_out
 
 WIDE = 2  # slots a distributed launch takes
 PRIORITY = {"killed": 0, "resume": 1, "reshard": 1, "export": 1, "reload": 2, "fit": 3, "twin": 3}
@@ -61,8 +62,7 @@ def claim_dir(out: pathlib.Path, settings: CkptSettings) -> None:
         raise UsageError(f"--out {out} exists already; refusing to run into it.",
                          "It holds an earlier check (results are never overwritten).",
                          f"Pass a new directory, or recompute the old verdict with `sprite ckpt-check compare {out}`.")
-    owner_only.make_dirs(out.parent)
-    integrity.make_dir_new(out)
+    make_out(lambda path: (owner_only.make_dirs(path.parent), integrity.make_dir_new(path)), out)
     integrity.write_new(out / "run.json", settings.to_json().encode())
     integrity.seal(out / "run.json", {"what": "sprite ckpt-check settings"})
 
