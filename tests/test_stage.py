@@ -158,6 +158,27 @@ def test_remove_leaves_a_folder_that_is_not_this_runs_alone(tmp_path):
     assert node.remove(str(tmp_path / "mine"), "token") == "removed"
 
 
+def test_a_claim_that_meets_a_folder_this_run_is_making_waits_for_its_marker(tmp_path, monkeypatch):
+    """Two slurmd nodes sharing one folder: one made it and had not yet written its marker when the other's claim
+    found it, which refused it as not sprite's (a fresh-clone CI run of 6d374e6)."""
+    import json
+    import threading
+
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o700)  # the other node's mkdir, its marker still to come
+    later = threading.Timer(0.3, lambda: (folder / node.MARKER).write_text(json.dumps({"token": "token"})))
+    later.start()
+    try:
+        assert node.claim(str(folder), "token") is False  # held by this run: waited, then found its marker
+    finally:
+        later.cancel()
+    monkeypatch.setattr(node, "CLAIM_GRACE_SECONDS", 0.3)
+    (tmp_path / "theirs").mkdir()
+    with pytest.raises(Exception, match="exists and was not made by sprite"):
+        node.claim(str(tmp_path / "theirs"), "token")  # no marker ever comes: refused after the grace
+    assert os.listdir(tmp_path / "theirs") == []
+
+
 # ---- bad input -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("flags, says", [
     (["--stage", "relative/dir"], "not an absolute folder path"),

@@ -32,6 +32,7 @@ UNPACKING = ".sprite-stage-unpacking"  # created once: the process that made it 
 ARCHIVE = ".sprite-archive.tar"  # where sbcast puts this node's copy of the archive (removed after unpacking)
 HELD = "already claimed by this run"  # claim's word for a folder another process of this run made (shared)
 WAIT_SECONDS = 900.0
+CLAIM_GRACE_SECONDS = 10.0  # how long a folder without a marker may be one another process of this run just made
 
 
 def claim(folder: str, token: str) -> bool:
@@ -42,16 +43,39 @@ def claim(folder: str, token: str) -> bool:
     try:
         os.mkdir(folder, 0o700)
     except FileExistsError:
-        owner = marker_token(folder)
+        owner = _owner_after_grace(folder)
         if owner == token:
             return False
         why = "holds another sprite run's stage" if owner else "exists and was not made by sprite"
         raise UsageError(f"--stage {folder}: the folder {why} on {socket.gethostname()}.",
                          "sprite stages into a folder it makes, and never writes into one it did not make.",
                          "Pass --stage with a folder that does not exist yet, or remove that one.") from None
-    with open(os.path.join(folder, MARKER), "x", encoding="utf-8") as out:
+    # The marker appears whole (written aside, then renamed into the folder this call made): a process of this
+    # run that shares the folder never reads half of it.
+    aside = os.path.join(folder, f"{MARKER}.{os.getpid()}.part")
+    with open(aside, "x", encoding="utf-8") as out:
         json.dump({"token": token, "host": socket.gethostname(), "pid": os.getpid()}, out)
+    os.rename(aside, os.path.join(folder, MARKER))
     return True
+
+
+def _owner_after_grace(folder: str) -> str | None:
+    """The marker's token; while a real folder of this user has none yet, wait up to CLAIM_GRACE_SECONDS for it:
+    another process of this run (a second node sharing the folder) may have made the folder a moment ago and not
+    yet written its marker. Two simulated nodes on one machine met that race in the suite."""
+    deadline = time.monotonic() + CLAIM_GRACE_SECONDS
+    while True:
+        owner = marker_token(folder)
+        if owner or time.monotonic() > deadline or not _own_real_folder(folder):
+            return owner
+        time.sleep(0.05)
+
+
+def _own_real_folder(folder: str) -> bool:
+    try:
+        return not os.path.islink(folder) and os.path.isdir(folder) and os.lstat(folder).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def marker_token(folder: str) -> str | None:
