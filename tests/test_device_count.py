@@ -132,7 +132,69 @@ def test_the_torch_build_is_read_from_its_version_label(monkeypatch, version, bu
         return version
 
     monkeypatch.setattr(metadata, "version", fake)
+    monkeypatch.setattr(devicecount, "_build_from_version_file", lambda: "")
     assert devicecount.torch_build() == build
+
+
+VERSION_PY = """from typing import Optional
+
+__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', 'xpu']
+__version__ = '{version}'
+debug = False
+cuda: Optional[str] = {cuda}
+git_version = 'cf30153c4c131c8164ee7798e5022d810682e2cb'
+hip: Optional[str] = {hip}
+xpu: Optional[str] = {xpu}
+"""
+
+
+@pytest.mark.parametrize("cuda, hip, xpu, build", [
+    ("'13.0'", "None", "None", "cuda"), ("None", "'6.2.41133'", "None", "cuda"), ("None", "None", "'20250101'", "xpu"),
+    ("None", "None", "None", "cpu")])
+def test_the_torch_build_is_read_from_torch_version_py(tmp_path, cuda, hip, xpu, build):
+    version_py = tmp_path / "version.py"
+    version_py.write_text(VERSION_PY.format(version="2.11.0", cuda=cuda, hip=hip, xpu=xpu))
+    assert devicecount._build_from_version_file(version_py) == build
+
+
+@pytest.mark.parametrize("text", ["", "def broken(:\n", "x = 1\n", "\udcff"])
+def test_a_version_py_that_is_not_torch_s_tells_nothing(tmp_path, text):
+    version_py = tmp_path / "version.py"
+    version_py.write_text(text, errors="surrogateescape")
+    assert devicecount._build_from_version_file(version_py) == ""
+    assert devicecount._build_from_version_file(tmp_path / "missing.py") == ""
+
+
+def test_a_cuda_torch_without_a_label_in_its_metadata_is_a_cuda_build(tmp_path, monkeypatch):
+    """The H200 image: the metadata says 2.11.0, torch.__version__ says 2.11.0+cu130. The label alone missed it,
+    and `sprite parity` as typed started two ranks on the one GPU (docs/runs/h200-2026-12-03-d)."""
+    from importlib import metadata, util
+
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "version.py").write_text(VERSION_PY.format(version="2.11.0+cu130", cuda="'13.0'", hip="None",
+                                                          xpu="None"))
+    monkeypatch.setattr(metadata, "version", lambda name: "2.11.0")
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec",
+                        lambda name, *a: util.spec_from_file_location("torch", package / "__init__.py")
+                        if name == "torch" else real(name, *a))
+    assert devicecount.torch_build() == "cuda"
+
+
+def test_the_installed_torch_is_read_without_importing_it():
+    import subprocess
+    import sys
+
+    code = ("import sys; from sprite.launch import devicecount; b = devicecount.torch_build(); "
+            "print(b, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    import torch
+
+    want = "cuda" if (torch.version.cuda or torch.version.hip) else "xpu" if getattr(torch.version, "xpu", None) \
+        else "cpu"
+    assert out == [want, "False"]
 
 
 def test_inside_an_allocation_the_gpus_of_the_planning_node_are_not_counted(two_gpu_path, example_script, tmp_path):

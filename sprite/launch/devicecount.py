@@ -105,10 +105,15 @@ def of(accelerator: str, environ: Mapping[str, str] = os.environ, sysfs: str | P
 
 
 def torch_build() -> str:
-    """The device type the installed torch was built for, from its version's local label, without importing it:
-    "cuda" (+cuXXX, +rocm), "xpu" (+xpu), "cpu" (+cpu), or "" when there is no label (the default PyPI wheels)
-    or no torch. Needed where the planner guesses for ``accelerator="auto"``: a laptop with an NVIDIA or Intel
-    GPU and a CPU build of torch runs CPU ranks."""
+    """The device type the installed torch was built for, without importing it: "cuda" (CUDA or ROCm), "xpu",
+    "cpu", or "" when that cannot be told (no torch). Needed where the planner guesses for
+    ``accelerator="auto"``: a laptop with an NVIDIA or Intel GPU and a CPU build of torch runs CPU ranks.
+    Read first from ``torch/version.py`` (the file behind the public ``torch.version.cuda``, ``.hip`` and
+    ``.xpu``), else from the local label of the installed version (+cu130, +rocm6.2, +xpu, +cpu). The H200
+    image's torch (2.11.0) carries no label in its metadata, only in ``torch.__version__``."""
+    built = _build_from_version_file()
+    if built:
+        return built
     from importlib import metadata
 
     try:
@@ -118,6 +123,41 @@ def torch_build() -> str:
     if label.startswith(("cu", "rocm")):
         return "cuda"
     return label if label in ("xpu", "cpu") else ""
+
+
+def _build_from_version_file(version_file: str | Path | None = None) -> str:
+    """The build ``torch/version.py`` names (its literal ``cuda``, ``hip`` and ``xpu`` assignments), "" if the file
+    is missing or unreadable. Located with ``importlib.util.find_spec``, which finds a top-level package without
+    importing it."""
+    import ast
+
+    if version_file is None:
+        from importlib.util import find_spec
+
+        try:
+            spec = find_spec("torch")
+        except (ImportError, ValueError):
+            return ""
+        if spec is None or not spec.origin:
+            return ""
+        version_file = Path(spec.origin).parent / "version.py"
+    try:
+        tree = ast.parse(Path(version_file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return ""
+    found: dict[str, object] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
+            node, "target", None) if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            found[target.id] = node.value.value
+    if "cuda" not in found and "hip" not in found:
+        return ""  # not the file torch writes at build time
+    if found.get("cuda") or found.get("hip"):
+        return "cuda"
+    if found.get("xpu"):
+        return "xpu"
+    return "cpu"
 
 
 def default_ranks(accelerator: str, environ: Mapping[str, str] = os.environ, sysfs: str | Path = "/sys",
