@@ -219,3 +219,9 @@ def test_step_0_counts_flops_then_compile_compiles_the_blocks(tmp_path):
     measure.after_step(0, model)
     assert measure.flops.total > 0 and "aten.mm" in measure.flops.by_op
     assert all(b._compiled_call_impl is not None for b in bench_model.blocks(model))
+
+
+def test_the_launch_bound_probe_runs_in_sprite_s_arm_at_the_smallest_world_only():
+    settings = BenchSettings(sweep=(4, 2, 8), baselines=("raw",))
+    assert [world for world in (2, 4, 8) if settings.probes(world, "sprite")] == [2]
+    assert not settings.probes(2, "raw")

@@ -50,6 +50,7 @@ def test_sweep_writes_json_table_and_plot_once(ddp_sweep):
     assert any(line.startswith("world 1 (cpu") and "x the raw PyTorch loop (" in line for line in lines)
     assert "plot: bench.png" in lines
     assert "timing: windows of 2 steps timed between two device synchronisations" in result.stdout
+    assert "launch_bound: one window at twice the batch in sprite's arm at the smallest world" in result.stdout
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and report["plot"] == {"file": "bench.png"}
     files = [p for p in out.rglob("*") if p.is_file()]
     assert files and {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o600}
@@ -65,7 +66,10 @@ def test_arms_ran_what_they_claim(ddp_sweep):
     assert records["sprite"]["under_sprite"] and records["sprite"]["strategy_class"] == "XPUDDPStrategy"
     assert not records["lightning"]["under_sprite"] and records["lightning"]["strategy_class"] == "DDPStrategy"
     assert records["raw"]["lightning"] is None and records["raw"]["strategy_class"] == "DistributedDataParallel"
-    assert [w["mode"] for w in records["sprite"]["windows"]] == ["sync", "nosync", "sync", "nosync", "probe"]
+    assert [w["mode"] for w in records["sprite"]["windows"]] == ["sync", "nosync", "sync", "nosync"]
+    # the launch-bound probe runs at the smallest world only, where the summary reports it
+    world1 = json.loads((out / "runs" / "w1" / "sprite-r0" / "rank0.json").read_text())
+    assert [w["mode"] for w in world1["windows"]] == ["sync", "sync", "probe"]
     # with baselines every arm starts as a fresh interpreter, although the suite's warm server is there
     assert not any(record["warm_served"] for record in records.values())
 
@@ -106,7 +110,7 @@ def test_numbers_are_consistent(ddp_sweep):
         assert figures["peak"]["source"].startswith("measured: ") and figures["memory"] is None
         assert 0 <= figures["data_share"] < 1
     assert two["comm_s"] == pytest.approx(two["step_s"]["median"] - two["nosync_step_s"]["median"])
-    assert one["comm_s"] is None and one["probe"]["batch"] == 4
+    assert one["comm_s"] is None and one["probe"]["batch"] == 4 and two["probe"] is None
     assert report["points"][1]["efficiency"] == pytest.approx(one["step_s"]["median"] / two["step_s"]["median"])
     raw = report["points"][0]["arms"]["raw"]["step_s"]["median"]
     assert report["points"][0]["ratios"]["raw"]["median"] == pytest.approx(one["step_s"]["median"] / raw)

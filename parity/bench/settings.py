@@ -72,6 +72,13 @@ class BenchSettings(JsonSettings):
     def arms(self) -> tuple[str, ...]:
         return ("sprite", *self.baselines)
 
+    def probes(self, world: int, arm: str) -> bool:
+        """Whether the arm ``arm`` at ``world`` runs the launch-bound probe: sprite's own arm at the sweep's
+        smallest world only. Every rank of a DDP or FSDP step runs the batch of one rank, so the check answers the
+        same at every world, and the summary reports the smallest world's; at the others it only cost time (on
+        2 CPU cores, about a sixth of the world-2 launch of a `tiny` sweep)."""
+        return arm == "sprite" and world == min(self.sweep)
+
     def placement(self, world: int) -> tuple[int, int]:
         """(nodes, ranks per node) of a sweep point: one node unless ``devices`` caps the ranks per node."""
         if not self.devices or world <= self.devices:

@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse(argv, "sprite.parity.bench.step")
     module = BenchModule(args)
+    steps = module.settings.step_plan(args.world, module.settings.probes(args.world, args.arm))
     trainer = L.Trainer(
-        **trainer_kwargs(module.settings), max_steps=len(module.settings.step_plan(args.world, args.arm == "sprite")),
+        **trainer_kwargs(module.settings), max_steps=len(steps),
         max_epochs=1, use_distributed_sampler=False, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
     )

@@ -25,8 +25,9 @@ def method(settings: BenchSettings) -> dict:
         "flops": "torch.utils.flop_counter.FlopCounterMode over warm-up step 0 on every rank, eager (before any "
                  "torch.compile); fused attention counted as eager attention",
         "tokens": "tokens per step = batch x seq x world (batch is per rank)",
-        "launch_bound": f"one window at twice the batch in sprite's arm, after its own {settings.warmup} warm-up "
-                        f"steps; launch-bound if its step time grows by less than x{LAUNCH_BOUND_RATIO}",
+        "launch_bound": f"one window at twice the batch in sprite's arm at the smallest world, after its own "
+                        f"{settings.warmup} warm-up steps; launch-bound if its step time grows by less than "
+                        f"x{LAUNCH_BOUND_RATIO}",
     }
 
 

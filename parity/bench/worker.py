@@ -41,7 +41,7 @@ class Measure:
         self.target = bench_store.arm_dir(args.out, args.world, args.arm, args.repeat)
         if (self.target / f"rank{rank}.json").exists():  # checked before training, written after
             raise exists_error(self.target / f"rank{rank}.json", "a rank's record")
-        probe = args.arm == "sprite"  # the launch-bound probe runs in sprite's own arm only
+        probe = self.settings.probes(args.world, args.arm)
         self.plan = self.settings.step_plan(args.world, probe)
         self.loader = LoaderClock(bench_model.loader(self.settings, self.plan, vocab, rank))
         self.timer = StepTimer(kind, device, self.settings.phases(args.world, probe), self.loader)
