@@ -81,6 +81,9 @@ class BenchModule(L.LightningModule):
 
 def main(argv: list[str] | None = None) -> int:
     """Fits the planned steps on this rank. Raises IntegrityError if this rank's record already exists."""
+    from sprite.runtime import finish
+
+    finish.skip_teardown()  # sprite's own worker: nothing to finalize once its atexit handlers ran (finish.py)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse(argv, "sprite.parity.bench.step")
     module = BenchModule(args)

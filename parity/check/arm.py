@@ -35,6 +35,9 @@ def _meta(settings: Settings, arm: str, fault: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one arm. Returns 0, or raises (the process exits non-zero and the log shows why)."""
+    from sprite.runtime import finish
+
+    finish.skip_teardown()  # sprite's own worker: nothing to finalize once its atexit handlers ran (finish.py)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="sprite.parity.check.arm")
     parser.add_argument("--out", required=True, type=pathlib.Path)

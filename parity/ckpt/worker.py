@@ -61,6 +61,9 @@ def plans(out: pathlib.Path, settings: CkptSettings, launch: Launch):
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one launch's fits. Returns 0, or raises (the launch exits non-zero and its log says why)."""
+    from sprite.runtime import finish
+
+    finish.skip_teardown()  # sprite's own worker: nothing to finalize once its atexit handlers ran (finish.py)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="sprite.parity.ckpt.worker")
     parser.add_argument("--out", required=True, type=pathlib.Path)

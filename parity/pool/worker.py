@@ -155,6 +155,9 @@ def serve(folder: pathlib.Path, host_pid: int, rank: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sprite.runtime import finish
+
+    finish.skip_teardown()  # sprite's own worker: nothing to finalize once its atexit handlers ran (finish.py)
     parser = argparse.ArgumentParser(prog="sprite.parity.pool.worker")
     parser.add_argument("--dir", required=True, type=pathlib.Path)
     parser.add_argument("--host-pid", required=True, type=int)

@@ -158,4 +158,14 @@ if __name__ == "__main__":
     from sprite.contract import warm
 
     warm.delegate(sys.argv[1:])  # with a warm server that takes this rank, this process stands in for its fork
-    sys.exit(main())
+    try:
+        code = main()
+    except SystemExit as ended:
+        if ended.code not in (None, 0):
+            raise
+        code = 0
+    if code == 0:
+        from sprite.runtime import finish
+
+        finish.leave()  # ends the process here if the script asked to skip the interpreter's teardown
+    sys.exit(code)
