@@ -209,3 +209,26 @@ def test_cpu_only_machine_stays_one_rank(clean_env, example_script):
         pytest.skip("this machine has an Intel GPU in /sys/class/drm")
     assert devicecount.nvidia_gpus(env) == 0
     assert plan_run({"script": example_script}, env).world.devices == 1
+
+
+@pytest.mark.parametrize("check", [["parity", "--precision", "bf16-mixed"], ["ckpt-check"]])
+def test_a_check_refused_on_a_one_gpu_machine_does_not_suggest_one_rank(two_gpu_path, tmp_path, sprite_cmd, check):
+    """parity and ckpt-check need 2 ranks, so the refusal names the CPU and a larger machine, not --devices 1
+    (which the check itself would then refuse), and makes nothing."""
+    import subprocess
+
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**two_gpu_path, "CUDA_VISIBLE_DEVICES": "1"}
+    done = subprocess.run([*sprite_cmd, *check, "--accelerator", "cuda"], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--devices 2 puts 2 ranks on this machine, which shows 1 cuda device(s)." in done.stderr
+    assert done.stderr.rstrip().endswith("Use --accelerator cpu for CPU ranks, a machine with 2 cuda devices.")
+    assert list(work.iterdir()) == []
+
+
+def test_sprite_run_still_suggests_fewer_devices(two_gpu_path, example_script):
+    with pytest.raises(UsageError, match=r"or --devices 1 or fewer\.$"):
+        plan_run({"script": example_script, "devices": 2, "accelerator": "cuda"},
+                 {**two_gpu_path, "CUDA_VISIBLE_DEVICES": "1"})

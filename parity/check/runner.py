@@ -35,7 +35,7 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
 
     from sprite.parity.launch import arm_overrides
 
-    plan_run(arm_overrides(out, "ddp", None, settings))
+    plan_run(arm_overrides(out, "ddp", None, settings), fewest_ranks=2)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} is not empty; refusing to run into it.",
                          "It holds an earlier run (arms never overwrite results).",

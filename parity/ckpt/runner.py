@@ -57,7 +57,7 @@ def claim_dir(out: pathlib.Path, settings: CkptSettings) -> None:
     from sprite.launch.plan import plan_run
 
     distributed = next(item for item in launches(settings) if item.key == "ddp-fit")
-    plan_run(overrides(out, distributed, settings))
+    plan_run(overrides(out, distributed, settings), fewest_ranks=2)
     if os.path.lexists(out):
         raise UsageError(f"--out {out} exists already; refusing to run into it.",
                          "It holds an earlier check (results are never overwritten).",

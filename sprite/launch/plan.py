@@ -247,9 +247,11 @@ def context(environ: Mapping[str, str], run_env: Mapping[str, str] | None = None
 
 
 def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
-             allow_literal_secrets: bool = False, run_env: Mapping[str, str] | None = None) -> LaunchPlan:
+             allow_literal_secrets: bool = False, run_env: Mapping[str, str] | None = None,
+             fewest_ranks: int = 1) -> LaunchPlan:
     """The LaunchPlan for ``flags`` (JobSpec field names) in the allocation ``environ`` describes; ``run_env``
-    (run folder, attempt) goes to every rank.
+    (run folder, attempt) goes to every rank; ``fewest_ranks``, the smallest world the caller accepts (a check
+    that compares a distributed run needs 2), keeps a refusal from suggesting fewer.
 
     Raises UsageError (SpecError for a spec file) for bad input, a world the allocation cannot hold, a secret
     with a literal value (unless ``allow_literal_secrets``) or one that ``environ`` does not set.
@@ -261,17 +263,18 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
         here = devicecount.default_ranks(job.accelerator, environ)  # as Trainer(devices="auto") would
     launched = world.resolve(job, site, alloc, here)
     if alloc.scheduler == "none":
-        check_devices_here(job, launched.devices, environ)
+        check_devices_here(job, launched.devices, environ, fewest_ranks)
     plan = build(job, site, launched, context(environ, run_env))
     notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
     return replace(plan, notes=notes)
 
 
-def check_devices_here(job: JobSpec, ranks: int, environ: Mapping[str, str]) -> None:
+def check_devices_here(job: JobSpec, ranks: int, environ: Mapping[str, str], fewest_ranks: int = 1) -> None:
     """On this machine alone: refuse more ranks than the devices they would run on (a rank takes a device of its
     own, and NCCL refuses two ranks on one GPU). Nothing is checked where no device of the kind is seen (a
     planning machine without nvidia-smi, or CPU ranks), nor for ``--accelerator auto`` unless the installed torch
-    says it was built for that kind of device (with a CPU build, auto runs CPU ranks). Raises UsageError."""
+    says it was built for that kind of device (with a CPU build, auto runs CPU ranks). Fewer devices is suggested
+    only down to ``fewest_ranks``. Raises UsageError."""
     kind, count = devicecount.of(job.accelerator, environ)
     if job.accelerator == "auto" and devicecount.torch_build() != kind:
         return
@@ -279,8 +282,8 @@ def check_devices_here(job: JobSpec, ranks: int, environ: Mapping[str, str]) -> 
         asked = job.blame("devices") if job.devices else f"The site's devices ({ranks})"
         raise UsageError(f"{asked} puts {ranks} ranks on this machine, which shows {count} {kind} device(s).",
                          "Every rank takes a device of its own; a second rank on one GPU fails.",
-                         f"Use --accelerator cpu for CPU ranks, a machine with {ranks} {kind} devices, or --devices "
-                         f"{count} or fewer.")
+                         f"Use --accelerator cpu for CPU ranks, a machine with {ranks} {kind} devices"
+                         + (f", or --devices {count} or fewer." if count >= fewest_ranks else "."))
 
 
 def plan_in(job: JobSpec, site: SiteProfile, alloc: Allocation, python: str) -> LaunchPlan:
