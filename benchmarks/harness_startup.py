@@ -10,6 +10,7 @@ Baseline: `sprite run --devices 2 examples/train.py --max-steps 20` (one 2-rank 
 Runs are interleaved per repeat, so a drift of the machine spreads over all of them.
 
     python benchmarks/harness_startup.py [--repeats 1] [--no-fresh] [--no-bench] [--ckpt-check]
+        [--sprite "python -m sprite"]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+SPRITE = [str(BIN / "sprite")]  # --sprite replaces it
 EXAMPLE = REPO / "examples" / "train.py"
 PARITY = ["parity", "--precision", "bf16-mixed", "--devices", "2", "--accelerator", "cpu",
           "--fault", "missing-rank", "--fault", "wrong-scale"]
@@ -41,7 +44,7 @@ def clean_env() -> dict:
 
 def timed(args: list[str], env: dict, cwd: str) -> float:
     start = time.perf_counter()
-    done = subprocess.run([str(BIN / "sprite"), *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+    done = subprocess.run([*SPRITE, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
@@ -61,7 +64,11 @@ def main() -> None:
     parser.add_argument("--no-fresh", action="store_true", help="skip the --fresh-processes parity run")
     parser.add_argument("--no-bench", action="store_true", help="skip the bench sweep")
     parser.add_argument("--ckpt-check", action="store_true", help="also time ckpt-check, pooled and fresh")
+    parser.add_argument("--sprite", help="how to call sprite (default: the sprite script beside this Python), "
+                        "e.g. \"python -m sprite\" where sprite was installed with pip --target")
     args = parser.parse_args()
+    if args.sprite:
+        SPRITE[:] = shlex.split(args.sprite)
     env = clean_env()
     runs = {"fit": [], "parity": [], "parity_fresh": [], "bench": [], "ckpt": [], "ckpt_fresh": []}
     bench_timed = []  # seconds of the bench's timed windows, summed over its launches (rank 0's clock)
