@@ -52,6 +52,19 @@ def test_run_nodes_2_strategy_fsdp_in_a_two_node_pbs_allocation(sprite_cmd, clea
     assert not (tmp_path / "sprite-runs").exists()  # a plan only: no run folder
 
 
+def test_run_nodes_2_strategy_fsdp_outside_any_job_says_why_and_how(sprite_cmd, clean_env, tmp_path):
+    """Typed on a login node or a laptop: exit 2 in one line that names the missing job and how to get one, and
+    nothing is made."""
+    shutil.copy(REPO / "examples" / "train.py", tmp_path / "train.py")
+    done = subprocess.run([*sprite_cmd, "run", "--nodes", "2", "--strategy", "fsdp", "train.py"], env=clean_env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("sprite: error: --nodes 2 asks for 2 nodes, but no "
+                                                                   "PBS or Slurm job runs here")
+    assert "submit it with `sprite qsub JOB.yaml` (nodes: 2), or use --nodes 1." in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
 @pytest.mark.skipif(not shutil.which("qsub"), reason="Slurm's PBS qsub is not installed (apt slurm-wlm-torque)")
 def test_qsub_job_yaml_through_slurms_pbs_qsub(slurm, sprite_cmd, tmp_path):  # noqa: F811
     (tmp_path / "hello.py").write_text("import os\nprint('hello from rank', os.environ['SLURM_PROCID'], flush=True)\n")

@@ -188,3 +188,15 @@ def test_other_flavours(clean_env, slurm_env, example_script):
 def test_requests_the_allocation_cannot_hold(slurm_env, example_script, flags, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
         plan_run({"script": example_script, "site": "perlmutter", **flags}, slurm_env)
+
+
+def test_several_nodes_outside_any_job_name_the_missing_allocation(clean_env, example_script):
+    """The headline `sprite run --nodes 2 --strategy fsdp train.py` typed on a login node or a laptop: the message
+    says there is no job here and how to get one, not that a job was granted too few nodes."""
+    with pytest.raises(UsageError) as refused:
+        plan_run({"script": example_script, "nodes": 2, "strategy": "fsdp"}, clean_env)
+    text = str(refused.value)
+    assert text.startswith("--nodes 2 asks for 2 nodes, but no PBS or Slurm job runs here (PBS_JOBID and "
+                           "SLURM_JOB_ID are unset), so sprite sees this machine alone")
+    assert "Run it inside a 2-node job (qsub -I, salloc), submit it with `sprite qsub JOB.yaml` (nodes: 2)" in text
+    assert "granted" not in text
