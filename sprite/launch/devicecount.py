@@ -147,8 +147,12 @@ def _build_from_version_file(version_file: str | Path | None = None) -> str:
         return ""
     found: dict[str, object] = {}
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
-            node, "target", None) if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        elif isinstance(node, ast.AnnAssign):
+            target = node.target
+        else:
+            continue
         if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
             found[target.id] = node.value.value
     if "cuda" not in found and "hip" not in found:
