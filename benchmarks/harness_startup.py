@@ -28,7 +28,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SPRITE = [str(BIN / "sprite")]  # --sprite replaces it
 EXAMPLE = REPO / "examples" / "train.py"
 PARITY = ["parity", "--precision", "bf16-mixed", "--devices", "2", "--accelerator", "cpu",
           "--fault", "missing-rank", "--fault", "wrong-scale"]
@@ -42,9 +41,9 @@ def clean_env() -> dict:
     return env
 
 
-def timed(args: list[str], env: dict, cwd: str) -> float:
+def timed(sprite: list[str], args: list[str], env: dict, cwd: str) -> float:
     start = time.perf_counter()
-    done = subprocess.run([*SPRITE, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+    done = subprocess.run([*sprite, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
@@ -67,8 +66,7 @@ def main() -> None:
     parser.add_argument("--sprite", help="how to call sprite (default: the sprite script beside this Python), "
                         "e.g. \"python -m sprite\" where sprite was installed with pip --target")
     args = parser.parse_args()
-    if args.sprite:
-        SPRITE[:] = shlex.split(args.sprite)
+    sprite = shlex.split(args.sprite) if args.sprite else [str(BIN / "sprite")]
     env = clean_env()
     runs = {"fit": [], "parity": [], "parity_fresh": [], "bench": [], "ckpt": [], "ckpt_fresh": []}
     bench_timed = []  # seconds of the bench's timed windows, summed over its launches (rank 0's clock)
@@ -76,20 +74,21 @@ def main() -> None:
         for repeat in range(args.repeats):
             out = Path(tmp) / str(repeat)
             out.mkdir()
-            runs["fit"].append(timed(["run", "--devices", "2", "--accelerator", "cpu", str(EXAMPLE),
+            runs["fit"].append(timed(sprite, ["run", "--devices", "2", "--accelerator", "cpu", str(EXAMPLE),
                                       "--max-steps", "20"], env, str(out)))
-            runs["parity"].append(timed([*PARITY, "--out", str(out / "parity")], env, tmp))
+            runs["parity"].append(timed(sprite, [*PARITY, "--out", str(out / "parity")], env, tmp))
             if not args.no_fresh:
-                runs["parity_fresh"].append(timed([*PARITY, "--fresh-processes", "--out", str(out / "fresh")],
+                runs["parity_fresh"].append(timed(sprite, [*PARITY, "--fresh-processes", "--out", str(out / "fresh")],
                                                   env, tmp))
             if not args.no_bench:
-                runs["bench"].append(timed(["bench", "--model", "tiny", "--sweep", "1,2", "--accelerator", "cpu",
-                                            "--out", str(out / "bench")], env, tmp))
+                bench = ["bench", "--model", "tiny", "--sweep", "1,2", "--accelerator", "cpu",
+                         "--out", str(out / "bench")]
+                runs["bench"].append(timed(sprite, bench, env, tmp))
                 bench_timed.append(timed_windows(out / "bench"))
             if args.ckpt_check:
                 check = ["ckpt-check", "--devices", "2", "--accelerator", "cpu"]
-                runs["ckpt"].append(timed([*check, "--out", str(out / "ckpt")], env, tmp))
-                runs["ckpt_fresh"].append(timed([*check, "--fresh-processes", "--out", str(out / "ckpt-fresh")],
+                runs["ckpt"].append(timed(sprite, [*check, "--out", str(out / "ckpt")], env, tmp))
+                runs["ckpt_fresh"].append(timed(sprite, [*check, "--fresh-processes", "--out", str(out / "ckpt-fresh")],
                                                 env, tmp))
     fit = statistics.median(runs["fit"])
     print(f"baseline: sprite run --devices 2 examples/train.py --max-steps 20: {fit:.1f} s "

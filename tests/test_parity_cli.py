@@ -71,7 +71,7 @@ def test_a_file_where_the_default_folder_goes_is_bad_usage_and_stays(capsys, tmp
 
 
 def test_the_default_out_is_a_new_name_and_never_an_existing_path(tmp_path, monkeypatch):
-    from sprite.parity.command import default_out
+    from sprite.parity.outdir import default_out
 
     monkeypatch.chdir(tmp_path)
     assert default_out("parity") == Path("sprite-checks/parity-1") and list(tmp_path.iterdir()) == []

@@ -15,7 +15,8 @@ from typing import List, Optional
 import typer
 
 from sprite.errors import EXIT_CHECK_FAILED, EXIT_OK, SpriteError, UsageError
-from sprite.parity.command import default_out, fail, harness, out_help
+from sprite.parity.command import fail, harness
+from sprite.parity.outdir import default_out, out_help
 
 def _run(out: pathlib.Path, settings) -> int:
     from rich.console import Console

@@ -15,6 +15,7 @@ import pathlib
 from sprite.integrity import owner_only, records
 from sprite.errors import UsageError
 from sprite.parity.bench.settings import SETTINGS_FILE, BenchSettings
+from sprite.parity.outdir import make_out
 from sprite.parity.store import ResultError, clean
 from sprite.integrity.writeonce import write_new
 
@@ -43,8 +44,6 @@ def claim(out: pathlib.Path, settings: BenchSettings) -> None:
         raise UsageError(f"--out {out} is already used; refusing to run into it.",
                          "It holds an earlier benchmark (results are written once).",
                          f"Pass a fresh folder, or compare the old result with `sprite bench compare {out} NEW`.")
-    from sprite.parity.command import make_out  # here: the ranks import this module, and need no typer
-
     make_out(make_dir, out)
     write_new(out / SETTINGS_FILE, settings.to_json().encode())
 

@@ -17,7 +17,8 @@ import typer
 
 from sprite.contract import ACCELERATORS
 from sprite.errors import EXIT_OK, SpriteError, UsageError
-from sprite.parity.command import default_out, fail, harness, out_help
+from sprite.parity.command import fail, harness
+from sprite.parity.outdir import default_out, out_help
 from sprite.parity.check.faults import FAULTS
 from sprite.parity.settings import PRECISIONS
 

@@ -19,7 +19,7 @@ from sprite.parity.pool.host import Pool
 from sprite.parity.progress import ProgressBoard, processes
 from sprite.parity.settings import DISTRIBUTED_ARMS, SINGLE_ARMS, Settings, arm_world
 from sprite.parity.store import ResultError, write_new
-from sprite.parity.command import make_out
+from sprite.parity.outdir import make_out
 
 
 ARM_MODULE = "sprite.parity.check.arm"

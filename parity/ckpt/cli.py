@@ -17,7 +17,8 @@ from typing import Optional
 import typer
 
 from sprite.errors import EXIT_OK, SpriteError, UsageError
-from sprite.parity.command import default_out, fail, harness, out_help
+from sprite.parity.command import fail, harness
+from sprite.parity.outdir import default_out, out_help
 
 def _finish(report: dict) -> None:
     from sprite.parity.ckpt.report import show

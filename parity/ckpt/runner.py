@@ -32,7 +32,7 @@ from sprite.parity.ckpt.settings import CkptSettings
 from sprite.parity.launch import job_fields, launch
 from sprite.parity.pool.host import Pool
 from sprite.parity.progress import ProgressBoard, processes
-from sprite.parity.command import make_out
+from sprite.parity.outdir import make_out
 
 WIDE = 2  # slots a distributed launch takes
 PRIORITY = {"killed": 0, "resume": 1, "reshard": 1, "export": 1, "reload": 2, "fit": 3, "twin": 3}

@@ -62,15 +62,15 @@ def _nodes(spec: JobSpec, alloc: Allocation, launcher: str) -> int:
             "Spare nodes are hosts of the allocation kept out of the first launch.",
             f"Use --spare-nodes {max(available - max(nodes, 1), 0)} or fewer, or ask the scheduler for more nodes.",
         )
-    if nodes > available and alloc.scheduler == "none" and not alloc.planned:
-        raise UsageError(
-            f"{spec.blame('nodes')} asks for {nodes} nodes, but no PBS or Slurm job runs here (PBS_JOBID and "
-            f"SLURM_JOB_ID are unset), so sprite sees this machine alone ({preview(alloc.hosts)}).",
-            "Nodes come from the scheduler; a login node or a laptop has none to spread ranks over.",
-            f"Run it inside a {nodes}-node job (qsub -I, salloc), submit it with `sprite qsub JOB.yaml` "
-            f"(nodes: {nodes}), or use --nodes 1.",
-        )
     if nodes > available:
+        if alloc.scheduler == "none" and not alloc.planned:
+            raise UsageError(
+                f"{spec.blame('nodes')} asks for {nodes} nodes, but no PBS or Slurm job runs here (PBS_JOBID and "
+                f"SLURM_JOB_ID are unset), so sprite sees this machine alone ({preview(alloc.hosts)}).",
+                "Nodes come from the scheduler; a login node or a laptop has none to spread ranks over.",
+                f"Run it inside a {nodes}-node job (qsub -I, salloc), submit it with `sprite qsub JOB.yaml` "
+                f"(nodes: {nodes}), or use --nodes 1.",
+            )
         raise UsageError(
             f"{spec.blame('nodes')} asks for more nodes than {alloc.describe()} has ({available}: "
             f"{preview(alloc.hosts)}).",

@@ -72,6 +72,7 @@ def _owner_after_grace(folder: str) -> str | None:
 
 
 def _own_real_folder(folder: str) -> bool:
+    """Whether ``folder`` is a real folder (not a symlink to one) owned by this user."""
     try:
         return not os.path.islink(folder) and os.path.isdir(folder) and os.lstat(folder).st_uid == os.geteuid()
     except OSError:
@@ -80,10 +81,9 @@ def _own_real_folder(folder: str) -> bool:
 
 def marker_token(folder: str) -> str | None:
     """The token in ``folder``'s marker if ``folder`` is a real folder of this user holding a real marker file."""
+    if not _own_real_folder(folder):
+        return None
     try:
-        st = os.lstat(folder)
-        if not os.path.isdir(folder) or os.path.islink(folder) or st.st_uid != os.geteuid():
-            return None
         fd = os.open(os.path.join(folder, MARKER), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, encoding="utf-8") as marker:
             return str(json.load(marker).get("token") or "") or None
