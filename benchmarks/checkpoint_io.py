@@ -28,7 +28,9 @@ Then the step time: --steps optimizer steps of the recipe's model without checkp
 sharded save every --every steps (its stall and the background write's contention included), one device
 synchronisation at each end (target <= 1.05), split into the waits for the save before, the time in the save
 calls (staging), and the slower steps beside the background writes (with queued copies, the device's wait for
-them falls there too). A warm-up run with saves comes first: the first save of a run makes
+them falls there too). Each save's state dict is built as sprite's FSDP2Strategy builds a sharded save's (the
+shards left on the device; --lightning-offload: as Lightning's ModelParallelStrategy does, every shard copied to
+the host in the save call). A warm-up run with saves comes first: the first save of a run makes
 its pinned buffers and gloo group, a cost a long run pays once; it is printed apart.
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. After the timings,
 torch's own reader loads sprite's last sharded folder into a blank copy of the state, which must equal the state
@@ -432,7 +434,15 @@ def worker(args) -> None:
     fit = {}
     if args.steps:
         dcp_write.MODE = modes[0]
-        state_of = lambda: {"model": get_model(model), "optim": get_optim(model, optimizer)}  # noqa: E731
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        from sprite.runtime.fsdp2 import sharded_state_dict_options
+
+        # what a sharded save of a fit asks torch for: sprite's FSDP2Strategy's options, or with
+        # --lightning-offload Lightning's ModelParallelStrategy's (every shard copied to the host in the call)
+        options = StateDictOptions(cpu_offload=True) if args.lightning_offload else sharded_state_dict_options()
+        state_of = lambda: {"model": get_model(model, options=options),  # noqa: E731
+                            "optim": get_optim(model, optimizer, options=options)}
         # Warm-up with saves: the first save of a run makes its pinned host buffers and its gloo group once (1.9 s
         # on an H200, 2026-12-01); a long run pays that once, so it is measured apart, not in every comparison.
         first = _steps(model, optimizer, args, root, state_of, args.every)
@@ -444,6 +454,7 @@ def worker(args) -> None:
         fit = {"steps": args.steps, "every": args.every, "mode": modes[0], "threads": dcp_write.threads(),
                "switch_interval": sys.getswitchinterval(), "plan_cache": not args.no_plan_cache and modes[0] == "thread",
                "copies": "waited for" if args.wait_copies else "queued",
+               "state_dict": "Lightning's (cpu_offload=True)" if args.lightning_offload else "FSDP2Strategy's",
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
                "waited": middle["waited"], "staged": middle["staged"], "built": middle["built"],
                "first_run": first["seconds"],
@@ -485,6 +496,10 @@ def main() -> int:
                              " their own, for a before/after figure")
     parser.add_argument("--no-plan-cache", action="store_true",
                         help="plan every sharded save afresh (torch's default planner), for a before/after figure")
+    parser.add_argument("--lightning-offload", action="store_true",
+                        help="build each save's state dict with Lightning's ModelParallelStrategy options"
+                             " (cpu_offload=True: every shard copied to the host in the save call) instead of"
+                             " sprite's FSDP2Strategy's (left on the device), for a before/after figure")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -509,6 +524,7 @@ def main() -> int:
                           "--threads", str(args.threads), "--switch-interval", str(args.switch_interval),
                           *(["--no-plan-cache"] if args.no_plan_cache else []),
                           *(["--wait-copies"] if args.wait_copies else []),
+                          *(["--lightning-offload"] if args.lightning_offload else []),
                           *(["--steps-only"] if args.steps_only else [])]}
         plan = plan_run(flags)
         with tempfile.TemporaryFile("w+") as err:
@@ -565,7 +581,8 @@ def report(result: dict, args) -> str:
                      f" {fit['ckpt'] / fit['no_ckpt']:.3f}, target <= 1.05); of the {saves} saves' extra"
                      f" {fit['ckpt'] - fit['no_ckpt']:.3f} s: {fit['waited']:.3f} s waiting for the save before,"
                      f" {fit['staged']:.3f} s in the save calls (of it {fit.get('built', float('nan')):.3f} s"
-                     f" building the state dict: torch's get_model/optimizer_state_dict), {rest:.3f} s slower steps"
+                     f" building the state dict: torch's get_model/optimizer_state_dict with"
+                     f" {fit.get('state_dict', 'default')} options), {rest:.3f} s slower steps"
                      f" beside the background writes (and, with queued copies, the copies themselves);"
                      f" the warm-up run's first save (pinned buffers, gloo group) staged in"
                      f" {fit['first_staged']:.3f} s, measured apart"

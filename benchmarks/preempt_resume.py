@@ -1,7 +1,8 @@
-"""A preempted and resumed 2-rank DDP fit against an uninterrupted one, and what the per-step preemption check costs.
+"""A preempted and resumed fit against an uninterrupted one (2 DDP ranks unless told), and what the check costs.
 
     python benchmarks/preempt_resume.py                                   # CPU, gloo (a few minutes on 2 cores)
     python benchmarks/preempt_resume.py --accelerator cuda --devices 2    # 2 GPUs, NCCL
+    python benchmarks/preempt_resume.py --accelerator cuda --devices 1 --strategy fsdp  # sharded checkpoints
 
 Four `sprite run` fits of tests/scripts/ckpt_fit.py (dropout, shuffled data, ModelCheckpoint every 50 steps):
 ``--preempt-signal none`` (the baseline: no handler, no per-step check), the reference (default SIGUSR1
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -33,7 +33,7 @@ def fit(work: Path, tag: str, opts, flags: list, hold: int = -1) -> tuple[int, f
     code and the seconds from the signal to the exit (0 without a hold)."""
     (work / f"hold-{tag}").mkdir()
     argv = [sys.executable, "-m", "sprite", "run", "--devices", str(opts.devices), "--accelerator", opts.accelerator,
-            "--strategy", "ddp", "--run-dir", str(work / f"run-{tag}"), *flags, str(SCRIPT), "--out", str(work),
+            "--strategy", opts.strategy, "--run-dir", str(work / f"run-{tag}"), *flags, str(SCRIPT), "--out", str(work),
             "--tag", tag, "--ckpt-dir", str(work / "ck" if tag in ("stop", "resume") else work / f"ck-{tag}"),
             "--max-steps", str(opts.steps), "--every", "50", "--hold-at-step", str(hold),
             "--hold-dir", str(work / f"hold-{tag}")]
@@ -90,6 +90,8 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--stop-at", type=int, default=117, help="the step held while the signal is sent")
+    parser.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp"),
+                        help="fsdp: FSDP2, whose checkpoints are sharded folders")
     opts = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sprite-preempt-"))
     codes = {tag: fit(work, tag, opts, flags, hold) for tag, flags, hold in (

@@ -10,7 +10,9 @@ Differences from ModelParallelStrategy (Lightning 2.6.6 pytorch/strategies/model
   this only for DDP);
 - the process-group backend comes from sprite's device table;
 - a 1-device or DDP checkpoint file resumes even when the optimizer holds only the trainable parameters (LoRA),
-  which Lightning refuses with "Missing optimizer state" (see ``fsdp2_load``).
+  which Lightning refuses with "Missing optimizer state" (see ``fsdp2_load``);
+- a sharded save's state dicts hold the model's and the optimizer's own tensors, where they live
+  (:func:`sharded_state_dict_options`), not a copy on the host.
 """
 
 from __future__ import annotations
@@ -60,6 +62,19 @@ def _auto_shard(module: nn.Module, mesh) -> None:
     for child in module.children():
         if not isinstance(child, FSDPModule) and any(p.requires_grad for p in child.parameters()):
             fully_shard(child, mesh=mesh)
+
+
+def sharded_state_dict_options():
+    """torch's state-dict options of a sharded save under :class:`FSDP2Strategy`: every rank's own shards, left
+    where they are. Lightning's ModelParallelStrategy asks for ``cpu_offload=True`` (Lightning 2.6.6
+    pytorch/strategies/model_parallel.py:261, 281), which on an accelerator copies every shard into new pageable
+    host memory, one blocking copy a tensor, in the training loop at every save; sprite's save then copies that
+    again into its own host buffers. Left on the device, the state reaches sprite's stager, which queues one copy
+    into its pinned buffers and lets training go on (``sprite.runtime.ckpt.stage``); a save outside sprite's seal
+    goes to ``dcp.save``, which copies device tensors itself."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=False, cpu_offload=False)
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -131,6 +146,25 @@ class FSDP2Strategy(ModelParallelStrategy):
         if not fsdp2_load.positional(checkpoint):
             return super().load_checkpoint(path, weights_only=weights_only)
         return fsdp2_load.restore(self.model, self.optimizers, checkpoint, self.lightning_module.strict_loading)
+
+    def lightning_module_state_dict(self) -> dict:
+        """Lightning's, except a sharded save's: the model's own shards (:func:`sharded_state_dict_options`)."""
+        if not self._save_distributed_checkpoint:
+            return super().lightning_module_state_dict()
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model, options=sharded_state_dict_options())
+
+    def optimizer_state(self, optimizer) -> dict:
+        """Lightning's, except a sharded save's: the optimizer's own state tensors (:func:`sharded_state_dict_options`)."""
+        if not self._save_distributed_checkpoint:
+            return super().optimizer_state(optimizer)
+        from lightning.pytorch.core.optimizer import LightningOptimizer
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer.optimizer
+        return get_optimizer_state_dict(self.model, optimizer, options=sharded_state_dict_options())
 
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or backend_for(self.root_device)

@@ -126,9 +126,11 @@ def main() -> None:
     trainer.fit(model, DataLoader(data, batch_size=4, shuffle=True))
     if args.save_after_fit:  # outside any fit: no end of a fit follows to wait for it
         trainer.save_checkpoint(args.save_after_fit)
+    # every rank: gathering an FSDP2 shard (a DTensor) is a collective
+    weights = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+               for k, v in model.state_dict().items()}
     if trainer.global_rank == 0:
-        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
-                   os.path.join(args.out, f"final-{args.tag}.pt"))
+        torch.save(weights, os.path.join(args.out, f"final-{args.tag}.pt"))
 
 
 if __name__ == "__main__":
