@@ -436,11 +436,12 @@ def worker(args) -> None:
         dcp_write.MODE = modes[0]
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        from sprite.runtime.fsdp2 import sharded_state_dict_options
+        from sprite import FSDP2Strategy  # through sprite's API: Lightning first (sprite/__init__.py)
 
         # what a sharded save of a fit asks torch for: sprite's FSDP2Strategy's options, or with
         # --lightning-offload Lightning's ModelParallelStrategy's (every shard copied to the host in the call)
-        options = StateDictOptions(cpu_offload=True) if args.lightning_offload else sharded_state_dict_options()
+        options = StateDictOptions(cpu_offload=True) if args.lightning_offload else \
+            FSDP2Strategy.sharded_state_dict_options()
         state_of = lambda: {"model": get_model(model, options=options),  # noqa: E731
                             "optim": get_optim(model, optimizer, options=options)}
         # Warm-up with saves: the first save of a run makes its pinned host buffers and its gloo group once (1.9 s

@@ -12,7 +12,7 @@ Differences from ModelParallelStrategy (Lightning 2.6.6 pytorch/strategies/model
 - a 1-device or DDP checkpoint file resumes even when the optimizer holds only the trainable parameters (LoRA),
   which Lightning refuses with "Missing optimizer state" (see ``fsdp2_load``);
 - a sharded save's state dicts hold the model's and the optimizer's own tensors, where they live
-  (:func:`sharded_state_dict_options`), not a copy on the host.
+  (:meth:`sharded_state_dict_options`), not a copy on the host.
 """
 
 from __future__ import annotations
@@ -64,23 +64,24 @@ def _auto_shard(module: nn.Module, mesh) -> None:
             fully_shard(child, mesh=mesh)
 
 
-def sharded_state_dict_options():
-    """torch's state-dict options of a sharded save under :class:`FSDP2Strategy`: every rank's own shards, left
-    where they are. Lightning's ModelParallelStrategy asks for ``cpu_offload=True`` (Lightning 2.6.6
-    pytorch/strategies/model_parallel.py:261, 281), which on an accelerator copies every shard into new pageable
-    host memory, one blocking copy a tensor, in the training loop at every save; sprite's save then copies that
-    again into its own host buffers. Left on the device, the state reaches sprite's stager, which queues one copy
-    into its pinned buffers and lets training go on (``sprite.runtime.ckpt.stage``); a save outside sprite's seal
-    goes to ``dcp.save``, which copies device tensors itself."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=False, cpu_offload=False)
-
-
 class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 (``fully_shard``) over all processes; pass ``data_parallel_size``/``tensor_parallel_size`` for 2D."""
 
     strategy_name = "fsdp2"
+
+    @staticmethod
+    def sharded_state_dict_options():
+        """torch's state-dict options of a sharded save: every rank's own shards, left where they are.
+
+        Lightning's ModelParallelStrategy asks for ``cpu_offload=True`` (Lightning 2.6.6
+        pytorch/strategies/model_parallel.py:261, 281), which on an accelerator copies every shard into new
+        pageable host memory, one blocking copy a tensor, in the training loop at every save; sprite's save then
+        copies that again into its own host buffers. Left on the device, the state reaches sprite's stager, which
+        queues one copy into its pinned buffers and lets training go on (``sprite.runtime.ckpt.stage``); a save
+        outside sprite's seal goes to ``dcp.save``, which copies device tensors itself."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=False, cpu_offload=False)
 
     def __init__(self, data_parallel_size="auto", tensor_parallel_size=1, **kwargs) -> None:
         super().__init__(data_parallel_size, tensor_parallel_size, **kwargs)
@@ -148,15 +149,15 @@ class FSDP2Strategy(ModelParallelStrategy):
         return fsdp2_load.restore(self.model, self.optimizers, checkpoint, self.lightning_module.strict_loading)
 
     def lightning_module_state_dict(self) -> dict:
-        """Lightning's, except a sharded save's: the model's own shards (:func:`sharded_state_dict_options`)."""
+        """Lightning's, except a sharded save's: the model's own shards (:meth:`sharded_state_dict_options`)."""
         if not self._save_distributed_checkpoint:
             return super().lightning_module_state_dict()
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(self.model, options=sharded_state_dict_options())
+        return get_model_state_dict(self.model, options=self.sharded_state_dict_options())
 
     def optimizer_state(self, optimizer) -> dict:
-        """Lightning's, except a sharded save's: the optimizer's own state tensors (:func:`sharded_state_dict_options`)."""
+        """Lightning's, except a sharded save's: the optimizer's own state (:meth:`sharded_state_dict_options`)."""
         if not self._save_distributed_checkpoint:
             return super().optimizer_state(optimizer)
         from lightning.pytorch.core.optimizer import LightningOptimizer
@@ -164,7 +165,7 @@ class FSDP2Strategy(ModelParallelStrategy):
 
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer.optimizer
-        return get_optimizer_state_dict(self.model, optimizer, options=sharded_state_dict_options())
+        return get_optimizer_state_dict(self.model, optimizer, options=self.sharded_state_dict_options())
 
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or backend_for(self.root_device)
