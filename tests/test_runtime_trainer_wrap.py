@@ -154,7 +154,11 @@ def test_a_script_whose_first_lightning_import_is_sprites_api_runs_in_a_fresh_ra
     script = tmp_path / "first.py"
     script.write_text(f"from sprite import {name}\nfrom lightning.pytorch.strategies import StrategyRegistry\n"
                       f"print('fsdp2' in StrategyRegistry, callable({name}))\n")
-    proc = subprocess.run([sys.executable, "-m", "sprite.runtime", str(script)], env={"PATH": "/usr/bin:/bin"},
+    import os
+
+    # PYTHONPATH kept: where sprite is installed with pip --target (the H200 runs) it is how sprite is found
+    env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
+    proc = subprocess.run([sys.executable, "-m", "sprite.runtime", str(script)], env=env,
                           capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "True True"
