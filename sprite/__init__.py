@@ -40,8 +40,4 @@ def __getattr__(name: str):
     module = _RUNTIME_API.get(name)
     if module is None:
         raise AttributeError(f"module 'sprite' has no attribute {name!r}")
-    if module != "sprite.runtime.shard":  # the others subclass Lightning's classes
-        # Lightning first: in a rank, sprite's runtime wraps Lightning the moment it is imported, and that imports
-        # these modules; imported from inside one of them, it would find that one half-made (a circular import).
-        importlib.import_module("lightning.pytorch")
     return getattr(importlib.import_module(module), name)

@@ -57,3 +57,37 @@ def test_a_failing_callback_fails_the_import_statement(tmp_path, monkeypatch):
     hooks.after_import("sprite_after_fails", callback)
     with pytest.raises(RuntimeError, match="could not wrap"):  # never a script running without sprite's wrapping
         import sprite_after_fails  # noqa: F401
+
+
+def test_a_callback_that_imports_the_module_importing_its_target_waits_until_that_module_is_whole(
+        tmp_path, monkeypatch):
+    """The runtime's wrapping of Lightning imports sprite's strategy modules, which import Lightning: when the
+    first import of the target comes from such a module's body, the callback waits for that module (wait_for),
+    instead of failing on it half-made. Without wait_for the same import fails (a circular import)."""
+    package = tmp_path / "sprite_wait_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "strategy.py").write_text("import sprite_wait_target\nclass Strategy:\n    pass\n")
+    (tmp_path / "sprite_wait_target.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    finders = list(sys.meta_path)
+    monkeypatch.setattr(sys, "meta_path", finders)  # the finders added here go with the test
+    seen = []
+
+    def callback():  # as _prepare_lightning: it needs the strategy class whole
+        from sprite_wait_pkg.strategy import Strategy
+
+        seen.append(Strategy.__name__)
+
+    for waits in (False, True):
+        for name in ("sprite_wait_pkg", "sprite_wait_pkg.strategy", "sprite_wait_target"):
+            monkeypatch.delitem(sys.modules, name, raising=False)
+        hooks.after_import("sprite_wait_target", callback, wait_for="sprite_wait_pkg." if waits else "")
+        if not waits:
+            with pytest.raises(ImportError, match="partially initialized"):
+                import sprite_wait_pkg.strategy  # noqa: F401
+            assert seen == []
+        else:
+            import sprite_wait_pkg.strategy  # noqa: F401,F811
+
+            assert seen == ["Strategy"] and hooks._held == [] and hooks._executing == []

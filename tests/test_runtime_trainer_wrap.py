@@ -145,14 +145,15 @@ def test_runtime_without_contract_runs_the_script_with_its_argv(tmp_path):
     assert proc.stdout.strip() == f"[{str(script)!r}, '--flag', 'x'] {tmp_path} True __main__"
 
 
-@pytest.mark.parametrize("name", ["FSDP2Strategy", "trainer_kwargs"])
-def test_a_script_whose_first_lightning_import_is_sprites_api_runs_in_a_fresh_rank(tmp_path, name):
+@pytest.mark.parametrize("source, name", [("sprite", "FSDP2Strategy"), ("sprite", "trainer_kwargs"),
+                                          ("sprite.runtime.fsdp2", "FSDP2Strategy")])
+def test_a_script_whose_first_lightning_import_is_sprites_api_runs_in_a_fresh_rank(tmp_path, source, name):
     """The runtime wraps Lightning when it is first imported, and that imports sprite's strategy modules; when the
     first import came from one of them, it found that one half-made (a circular import; seen on the H200, whose
-    CUDA ranks start fresh; CPU ranks forked from a warm process had Lightning already). sprite's API imports
-    Lightning before the module (sprite/__init__.py)."""
+    CUDA ranks start fresh; CPU ranks forked from a warm process had Lightning already). Wrapping Lightning in
+    the runtime waits until that module is whole (hooks.after_import's wait_for)."""
     script = tmp_path / "first.py"
-    script.write_text(f"from sprite import {name}\nfrom lightning.pytorch.strategies import StrategyRegistry\n"
+    script.write_text(f"from {source} import {name}\nfrom lightning.pytorch.strategies import StrategyRegistry\n"
                       f"print('fsdp2' in StrategyRegistry, callable({name}))\n")
     import os
 

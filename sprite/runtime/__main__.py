@@ -54,7 +54,9 @@ def run(argv: list[str]) -> None:
             warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
     # The rest wraps Lightning: done when the script first imports it (`import lightning` imports
     # lightning.pytorch too), so a plain torch script's ranks never import Lightning (about 3 s of CPU a rank here).
-    hooks.after_import("lightning.pytorch", lambda: _prepare_lightning(cfg, preempting))
+    # When that first import comes from one of sprite's own runtime modules (`from sprite import FSDP2Strategy` as
+    # the script's first Lightning import), the wrapping waits until that module is whole: it imports it too.
+    hooks.after_import("lightning.pytorch", lambda: _prepare_lightning(cfg, preempting), wait_for="sprite.runtime.")
     sys.argv = [script, *argv[1:]]
     # As `python SCRIPT` would: the script's folder first on sys.path. Under PYTHONSAFEPATH (set by sprite's
     # plans) `-m` put no cwd entry there to replace, so the folder is inserted instead.
