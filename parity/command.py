@@ -23,8 +23,6 @@ def fail(err: SpriteError) -> NoReturn:
     raise typer.Exit(err.exit_code)
 
 
-
-
 def harness(name: str, run: Callable, summary: str, examples: Sequence[str]) -> typer.Typer:
     """A Typer group for `sprite NAME`: its own options run ``run`` (a Typer command function), ``run`` is also
     mounted as the command `run`; add the other commands with ``@app.command``. The help ends with ``examples``.
