@@ -436,7 +436,7 @@ def worker(args) -> None:
         dcp_write.MODE = modes[0]
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        from sprite import FSDP2Strategy  # through sprite's API: Lightning first (sprite/__init__.py)
+        from sprite import FSDP2Strategy
 
         # what a sharded save of a fit asks torch for: sprite's FSDP2Strategy's options, or with
         # --lightning-offload Lightning's ModelParallelStrategy's (every shard copied to the host in the call)
