@@ -359,12 +359,16 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
     dist.barrier()
     start = time.perf_counter()
     waited = staged = built = 0.0
+    windows: list[tuple] = []  # each save's call and the moment it was sealed
+    ticks: list[tuple] = []  # each step's start and end as the loop saw them (no device synchronisation)
     for step in range(1, args.steps + 1):
+        began = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = recipe.row_loss(model, tokens, labels)
         loss.backward()
         optimizer.step()
+        ticks.append((began, time.perf_counter()))
         if every and step % every == 0:
             _FIT_SAVES[0] += 1  # the same count on every rank, so the same folder name
             called = time.perf_counter()
@@ -375,14 +379,25 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
             built += time.perf_counter() - called
             _background_save(state, root / f"fit-save{_FIT_SAVES[0]}", rank, world, True)
             staged += time.perf_counter() - called
+            # queued after the save's seal job, on the same thread, so it runs once that save is sealed
+            durable.later(lambda since=called: windows.append((since, time.perf_counter())))
             del state
     sync()
     # NCCL reduces device tensors only
-    elapsed = torch.tensor([time.perf_counter() - start, waited, staged, built], device=device, dtype=torch.float64)
+    seconds = time.perf_counter() - start
     durable.wait()  # the last save's background work is not the fit's time; it is waited for outside it
+    sealing = statistics.mean(end - since for since, end in windows) if windows else 0.0
+    # A step the loop began while a save was in flight, against one it began with none: whether the slower steps
+    # come from the background work or are a cost that stays once saving has started.
+    beside = [end - began for began, end in ticks if any(since <= began < sealed for since, sealed in windows)]
+    clear = [end - began for began, end in ticks if not any(since <= began < sealed for since, sealed in windows)]
+    figures = [seconds, waited, staged, built, sealing, statistics.median(beside) if beside else 0.0,
+               statistics.median(clear) if clear else 0.0, len(beside)]
+    elapsed = torch.tensor(figures, device=device, dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    seconds, waited, staged, built = elapsed.tolist()
-    return {"seconds": seconds, "waited": waited, "staged": staged, "built": built}
+    seconds, waited, staged, built, sealing, beside_step, clear_step, beside_count = elapsed.tolist()
+    return {"seconds": seconds, "waited": waited, "staged": staged, "built": built, "sealing": sealing,
+            "beside_step": beside_step, "clear_step": clear_step, "beside_count": int(beside_count)}
 
 
 _FIT_SAVES = [0]
@@ -458,6 +473,9 @@ def worker(args) -> None:
                "state_dict": "Lightning's (cpu_offload=True)" if args.lightning_offload else "FSDP2Strategy's",
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
                "waited": middle["waited"], "staged": middle["staged"], "built": middle["built"],
+               "sealing": middle["sealing"], "beside_step": middle["beside_step"], "clear_step": middle["clear_step"],
+               "beside_count": middle["beside_count"],
+               "plain_step": statistics.median(run["clear_step"] for run in plain),
                "first_run": first["seconds"],
                "first_staged": first["staged"]}
         if modes[0] == "process":  # how many of the stager's host buffers are pinned (cudaHostRegister)
@@ -586,7 +604,12 @@ def report(result: dict, args) -> str:
                      f" {fit.get('state_dict', 'default')} options), {rest:.3f} s slower steps"
                      f" beside the background writes (and, with queued copies, the copies themselves);"
                      f" the warm-up run's first save (pinned buffers, gloo group) staged in"
-                     f" {fit['first_staged']:.3f} s, measured apart"
+                     f" {fit['first_staged']:.3f} s, measured apart; each save sealed {fit['sealing']:.3f} s after"
+                     f" its call (mean), one save every {fit['ckpt'] / saves:.3f} s of the fit: the background"
+                     f" work busy {fit['sealing'] * saves / fit['ckpt']:.0%} of it; median step as the loop saw it"
+                     f" (no synchronisation): {fit['beside_step'] * 1000:.1f} ms begun with a save in flight"
+                     f" ({fit['beside_count']} of {fit['steps']}), {fit['clear_step'] * 1000:.1f} ms with none,"
+                     f" {fit['plain_step'] * 1000:.1f} ms in the fits without saves"
                      + (f"; stager buffers pinned: {fit['pinned']}" if "pinned" in fit else ""))
     return "\n".join(lines)
 
