@@ -468,7 +468,8 @@ def worker(args) -> None:
             saving.append(_steps(model, optimizer, args, root, state_of, args.every))
         middle = sorted(saving, key=lambda run: run["seconds"])[len(saving) // 2]
         fit = {"steps": args.steps, "every": args.every, "mode": modes[0], "threads": dcp_write.threads(),
-               "switch_interval": sys.getswitchinterval(), "plan_cache": not args.no_plan_cache and modes[0] == "thread",
+               "switch_interval": sys.getswitchinterval(),
+               "plan_cache": not args.no_plan_cache and modes[0] == "thread",
                "copies": "waited for" if args.wait_copies else "queued",
                "state_dict": "Lightning's (cpu_offload=True)" if args.lightning_offload else "FSDP2Strategy's",
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
@@ -538,7 +539,8 @@ def main() -> int:
         flags = {"script": os.path.abspath(__file__), "devices": args.devices, "strategy": "fsdp",
                  "accelerator": args.accelerator, "env": {"HF_HUB_OFFLINE": "1"},
                  "args": ["--worker", "--out", tmp, "--model", args.model, "--accelerator", args.accelerator,
-                          "--repeats", str(args.repeats), "--modes", args.modes, "--formats", args.formats, "--steps", str(args.steps),
+                          "--repeats", str(args.repeats), "--modes", args.modes, "--formats", args.formats,
+                          "--steps", str(args.steps),
                           "--every", str(args.every), "--batch", str(args.batch), "--seq", str(args.seq),
                           "--threads", str(args.threads), "--switch-interval", str(args.switch_interval),
                           *(["--no-plan-cache"] if args.no_plan_cache else []),
