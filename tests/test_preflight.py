@@ -262,6 +262,34 @@ def test_the_watcher_stops_the_launch_once_records_stop_arriving(tmp_path):
     done.set()
 
 
+def test_a_rank_stopped_in_its_second_timed_window_has_finished_its_collectives(tmp_path, monkeypatch):
+    """The final record is written before the second timed window, which goes to a record of its own: a slow rank
+    stopped there once the others' records were in is judged slow, not named as hung in its all-reduces."""
+    from sprite.parity.preflight import runner, worker
+
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "settings.json").write_text(PreflightSettings(accelerator="cpu").to_json())
+    monkeypatch.setattr(worker, "compute", lambda settings, kind, fault: {"devices_seen": 1, "seconds": 1.0})
+    monkeypatch.setattr(worker, "collectives", lambda ident, settings, kind, fault: {"rendezvous": {"ok": True}})
+    monkeypatch.setattr(worker, "_leave", lambda ident, settings: None)
+    seen = []
+
+    def second_window(*args):
+        seen.append(sorted(p.name for p in (tmp_path / "ranks").iterdir()))
+        return {"seconds": 0.25}
+    monkeypatch.setattr(worker.reference, "measure", second_window)
+    monkeypatch.delenv("RANK", raising=False)
+    worker.main(["--out", str(tmp_path)])
+    assert seen == [["rank0.compute.json", "rank0.json"]]  # the final record was in before the window began
+    computed, final = runner.collect(tmp_path, 1)
+    assert computed[0]["seconds"] == 1.0 and final[0]["seconds_again"] == 0.25
+    assert criterion.fastest(computed, final)[0]["seconds"] == 0.25
+    (tmp_path / "ranks" / "rank0.again.json").unlink()  # stopped in the window: the first window counts
+    computed, final = runner.collect(tmp_path, 1)
+    assert "seconds_again" not in final[0] and criterion.fastest(computed, final)[0]["seconds"] == 1.0
+    assert criterion.collective_problems(computed, final, 1) == ({}, {})
+
+
 # --- the command line: no torch, one line and exit 2 for bad input ---
 
 @pytest.mark.parametrize("args, says", [

@@ -22,7 +22,7 @@ from sprite.integrity import owner_only, write_new
 from sprite.launch import ranklog
 from sprite.launch.plan import LaunchPlan
 from sprite.parity.preflight import criterion
-from sprite.parity.preflight.settings import SETTINGS_FILE, PreflightSettings
+from sprite.parity.preflight.settings import RECORD_SUFFIXES, SETTINGS_FILE, PreflightSettings
 
 WORKER = pathlib.Path(__file__).with_name("worker.py")
 LAUNCH_LOG = "launch.log"
@@ -64,7 +64,8 @@ class Launched:
 
 
 def _finals(out: pathlib.Path) -> int:
-    return sum(1 for p in (out / "ranks").glob("rank*.json") if not p.name.endswith(".compute.json"))
+    """The ranks' records written after the rendezvous: final records and second timed windows."""
+    return sum(1 for p in (out / "ranks").glob("rank*.json") if not p.name.endswith(RECORD_SUFFIXES["compute"]))
 
 
 def watch(out: pathlib.Path, world: int, grace: float, stop: threading.Event, done: threading.Event,
@@ -112,19 +113,22 @@ def _read(path: pathlib.Path) -> dict | None:
 
 
 def collect(out: pathlib.Path, world: int) -> tuple[dict[int, dict], dict[int, dict]]:
-    """(compute records, final records) by rank; an unreadable record counts as missing. Read by 32 threads: on a
-    parallel file system each small file costs a metadata round trip (24,576 files at 1,024 Aurora nodes)."""
+    """(compute records, final records) by rank, a final record with its rank's second timed window
+    (``seconds_again``) where that was written; an unreadable record counts as missing. Read by 32 threads: on a
+    parallel file system each small file costs a metadata round trip (36,864 files at 1,024 Aurora nodes)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    names = [(rank, final, f"rank{rank}.json" if final else f"rank{rank}.compute.json")
-             for rank in range(world) for final in (False, True)]
+    names = [(rank, kind, f"rank{rank}{suffix}") for rank in range(world) for kind, suffix in RECORD_SUFFIXES.items()]
     with ThreadPoolExecutor(max_workers=32) as pool:
         records = list(pool.map(lambda entry: _read(out / "ranks" / entry[2]), names))
-    computed, final = {}, {}
-    for (rank, is_final, _), record in zip(names, records):
+    found: dict[str, dict[int, dict]] = {kind: {} for kind in RECORD_SUFFIXES}
+    for (rank, kind, _), record in zip(names, records):
         if record is not None:
-            (final if is_final else computed)[rank] = record
-    return computed, final
+            found[kind][rank] = record
+    final = {rank: {**record, **{key: value for key, value in found["again"].get(rank, {}).items()
+                                 if key == "seconds_again"}}
+             for rank, record in found["final"].items()}
+    return found["compute"], final
 
 
 def judge(out: pathlib.Path, settings: PreflightSettings, launch_plan: LaunchPlan, launched: Launched) -> dict:

@@ -13,6 +13,8 @@ from sprite.errors import UsageError
 
 FAULT_KINDS = ("wrong-result", "slow", "no-device", "hang")
 SETTINGS_FILE = "settings.json"
+# A rank's records under ranks/: before the rendezvous, after the all-reduces, and its second timed window.
+RECORD_SUFFIXES = {"compute": ".compute.json", "final": ".json", "again": ".again.json"}
 # Reference-computation precisions by the name a Trainer precision starts with; fp32 is always checked.
 PRECISION_OF = {"bf16": "bf16", "16": "fp16", "32": "fp32", "64": "fp32"}
 

@@ -2,9 +2,11 @@
 
 In order, each step recorded before the next one can hang: (1) the devices torch sees, the reference computation
 and its time, written as ``ranks/rank<r>.compute.json``; (2) an all-reduce among the ranks of this node, then one
-over all ranks, each timed and bounded by the collective timeout, and the computation timed once more (every rank
-has started by then), written as ``ranks/rank<r>.json``. A rank that
-hangs therefore leaves its compute record and no final one, and its peers record a timed-out all-reduce. Every
+over all ranks, each timed and bounded by the collective timeout, written as ``ranks/rank<r>.json``; (3) the
+computation timed once more (every rank has started by then), written as ``ranks/rank<r>.again.json``. A rank that
+hangs therefore leaves its compute record and no final one, and its peers record a timed-out all-reduce; a rank
+stopped in its second timed window (a slow node, once the other ranks' records are in) has finished its
+all-reduces and is judged on its first window alone. Every
 record names the host by the plan's host list (SPRITE_HOSTS[NODE_RANK]): simulated nodes share one hostname.
 The rank then leaves with ``os._exit`` so that no teardown (gloo's threads, the runtime's end-of-fit barrier)
 can wait on a peer that hangs.
@@ -30,7 +32,7 @@ from sprite import contract
 from sprite.errors import one_line
 from sprite.integrity import write_new
 from sprite.parity.preflight import reference
-from sprite.parity.preflight.settings import PreflightSettings
+from sprite.parity.preflight.settings import RECORD_SUFFIXES, PreflightSettings
 from sprite.runtime.devices import device_type
 
 DONE_KEY = "sprite/preflight/done"
@@ -153,15 +155,16 @@ def main(argv: list[str] | None = None) -> None:
     kind = device_type(settings.accelerator)
     began = time.time()
     record = {**ident, **compute(settings, kind, fault), "started": began}
-    _write(args.out, f"rank{ident['rank']}.compute.json", record)
-    final = {**ident, **collectives(ident, settings, kind, fault)}
+    _write(args.out, f"rank{ident['rank']}{RECORD_SUFFIXES['compute']}", record)
+    final = {**ident, **collectives(ident, settings, kind, fault), "ended": time.time()}
+    _write(args.out, f"rank{ident['rank']}{RECORD_SUFFIXES['final']}", final)
     if "seconds" in record:
         # A second timed window, now that every rank has started: the first one may have shared the cores with
         # the other ranks' start-up (simulated nodes on one machine); the slow check takes the faster window.
-        final["seconds_again"] = reference.measure(_device(kind), kind, settings.precisions, settings.size,
-                                                   settings.repeats, fault)["seconds"]
-    final["ended"] = time.time()
-    _write(args.out, f"rank{ident['rank']}.json", final)
+        # Written apart, after the final record: a slow rank stopped here did finish its all-reduces.
+        again = reference.measure(_device(kind), kind, settings.precisions, settings.size, settings.repeats,
+                                  fault)["seconds"]
+        _write(args.out, f"rank{ident['rank']}{RECORD_SUFFIXES['again']}", {"seconds_again": again})
     _leave(ident, settings)
 
 
