@@ -389,8 +389,9 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
     sealing = statistics.mean(end - since for since, end in windows) if windows else 0.0
     # A step the loop began while a save was in flight, against one it began with none: whether the slower steps
     # come from the background work or are a cost that stays once saving has started.
-    beside = [end - began for began, end in ticks if any(since <= began < sealed for since, sealed in windows)]
-    clear = [end - began for began, end in ticks if not any(since <= began < sealed for since, sealed in windows)]
+    beside, clear = [], []
+    for began, end in ticks:
+        (beside if any(since <= began < sealed for since, sealed in windows) else clear).append(end - began)
     figures = [seconds, waited, staged, built, sealing, statistics.median(beside) if beside else 0.0,
                statistics.median(clear) if clear else 0.0, len(beside)]
     elapsed = torch.tensor(figures, device=device, dtype=torch.float64)

@@ -125,9 +125,7 @@ def collect(out: pathlib.Path, world: int) -> tuple[dict[int, dict], dict[int, d
     for (rank, kind, _), record in zip(names, records):
         if record is not None:
             found[kind][rank] = record
-    final = {rank: {**record, **{key: value for key, value in found["again"].get(rank, {}).items()
-                                 if key == "seconds_again"}}
-             for rank, record in found["final"].items()}
+    final = {rank: {**record, **found["again"].get(rank, {})} for rank, record in found["final"].items()}
     return found["compute"], final
 
 
