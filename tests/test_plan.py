@@ -200,3 +200,28 @@ def test_several_nodes_outside_any_job_name_the_missing_allocation(clean_env, ex
                            "SLURM_JOB_ID are unset), so sprite sees this machine alone")
     assert "Run it inside a 2-node job (qsub -I, salloc), submit it with `sprite qsub JOB.yaml` (nodes: 2)" in text
     assert "granted" not in text
+
+
+def test_a_local_run_draws_its_port_outside_the_kernels_range_and_skips_a_taken_one():
+    """A port the kernel handed out (``bind(0)``) can go to another process's connection or gloo listener before
+    rank 0 listens on it; a relaunched attempt failed so with EADDRINUSE. sprite draws from its own span, below
+    the ephemeral range, and passes over a port a live listener holds."""
+    low, high = rendezvous.ephemeral_range()
+    drawn = rendezvous.free_port()
+    assert rendezvous.PORT_BASE <= drawn < rendezvous.PORT_BASE + rendezvous.PORT_SPAN
+    assert not low <= drawn <= high
+    with _listening(drawn) as holder:
+        port = holder.getsockname()[1]
+        in_kernel_range = rendezvous.PORT_BASE + 5
+        kernel = (in_kernel_range, in_kernel_range)
+        assert rendezvous.free_port(lambda span, n: [port, in_kernel_range, port + 1], kernel) == port + 1
+    # every draw taken or inside the kernel's range: the kernel chooses, as before
+    assert rendezvous.free_port(lambda span, n: [], kernel) > 0
+
+
+def test_the_ephemeral_range_falls_back_to_linuxs_default(tmp_path):
+    (tmp_path / "range").write_text("40000\t50000\n")
+    assert rendezvous.ephemeral_range(str(tmp_path / "range")) == (40000, 50000)
+    (tmp_path / "bad").write_text("forty\n")
+    assert rendezvous.ephemeral_range(str(tmp_path / "bad")) == rendezvous.EPHEMERAL_DEFAULT
+    assert rendezvous.ephemeral_range(str(tmp_path / "missing")) == rendezvous.EPHEMERAL_DEFAULT

@@ -3,15 +3,18 @@
 sprite owns both: the address is the first host it launches on (never a host left out with --exclude; at a site
 whose profile names a high-speed network, ``rendezvous_domain``, the host's name on it), and the port comes from,
 in order, an explicit value (--master-port or the spec's master_port), a hash of the scheduler job id (so every
-node and every rank computes the same number), or a free port of this machine for local runs.
+node and every rank computes the same number), or a free port of this machine for local runs, drawn from the
+same span outside the kernel's ephemeral range (``free_port``).
 Values inherited from the caller's environment are replaced, with a note saying so (``replaced``).
 """
 
 from __future__ import annotations
 
 import errno
+import random
 import socket
 import zlib
+from pathlib import Path
 from typing import Callable, Mapping
 
 from sprite.errors import UsageError, one_line
@@ -21,6 +24,9 @@ from sprite.errors import UsageError, one_line
 # outgoing connection's source port.
 PORT_BASE = 20000
 PORT_SPAN = 10000
+FREE_PORT_DRAWS = 32
+EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+EPHEMERAL_DEFAULT = (32768, 60999)
 
 
 def port_from_job_id(job_id: str) -> int:
@@ -28,8 +34,27 @@ def port_from_job_id(job_id: str) -> int:
     return PORT_BASE + zlib.crc32(job_id.encode()) % PORT_SPAN
 
 
-def free_port() -> int:
-    """A TCP port that is free on this machine right now (for single-machine runs)."""
+def ephemeral_range(path: str = EPHEMERAL_FILE) -> tuple[int, int]:
+    """The ports this machine's kernel hands out itself (to ``bind(0)`` and outgoing connections), inclusive;
+    Linux's default when ``path`` cannot be read."""
+    try:
+        low, high = (int(field) for field in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+    return low, high
+
+
+def free_port(draw: Callable[[range, int], list[int]] = random.SystemRandom().sample,
+              kernel: tuple[int, int] | None = None) -> int:
+    """A TCP port free on this machine now (for single-machine runs), drawn from [PORT_BASE, PORT_BASE +
+    PORT_SPAN) outside ``kernel`` (the ephemeral range). A port the kernel handed out once can be handed to
+    another process (its outgoing connection, a gloo listener) before rank 0 listens on it, seconds later:
+    a relaunched attempt failed so with EADDRINUSE in a loaded test run. Where the whole span lies inside the
+    ephemeral range, or every drawn port is taken, the kernel chooses."""
+    low, high = kernel or ephemeral_range()
+    for port in draw(range(PORT_BASE, PORT_BASE + PORT_SPAN), FREE_PORT_DRAWS):
+        if not low <= port <= high and not taken(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
