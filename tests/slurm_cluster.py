@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from sprite.launch import rendezvous
+
 CONF = """\
 ClusterName=local
 SlurmctldHost={host}
@@ -111,10 +113,17 @@ def _stop(procs: list) -> None:
             proc.wait()
 
 
+_given: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+    """slurmctld and each slurmd listen seconds after this: a port outside the kernel's ephemeral range, which no
+    other process is handed meanwhile, and not one given to a daemon of this session before (none listens yet)."""
+    port = rendezvous.free_port()
+    while port in _given:
+        port = rendezvous.free_port()
+    _given.add(port)
+    return port
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import threading
 import time
 
 from sprite.integrity import owner_only
+from sprite.launch import rendezvous
 from sprite.parity.launch import launch
 
 POLL_SECONDS = 0.02
@@ -26,10 +27,9 @@ POLL_SECONDS = 0.02
 
 def free_port() -> int:
     """A port free here now: every arm's process group gets its own rendezvous, so no rank can reach the store of
-    the arm before (seen on 2 CPU ranks: a reused port hung the fourth arm's init_process_group)."""
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+    the arm before (seen on 2 CPU ranks: a reused port hung the fourth arm's init_process_group). Drawn as a local
+    run's is (``rendezvous.free_port``), outside the range the kernel hands to other processes meanwhile."""
+    return rendezvous.free_port()
 
 
 class Pool:
