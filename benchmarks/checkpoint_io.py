@@ -190,7 +190,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int, mode: str)
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from sprite.runtime.ckpt import dcp_read, dcp_write
+    from sprite.runtime.ckpt import dcp_read
     from sprite.runtime.ckpt import shared_verify
 
     folder = root / f"dcp-{mode}{repeat}"
@@ -198,7 +198,7 @@ def _sharded(root: pathlib.Path, state: dict, rank: int, repeat: int, mode: str)
     local = {key: {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in part.items()}
              for key, part in (("model", state["model"]), ("optim", _flat(state["optim"])))}
     world = dist.get_world_size()
-    dcp_write.MODE = mode
+    _writer(mode)
 
     def plain_save():
         if rank == 0:
@@ -324,11 +324,9 @@ def _first_saves(root: pathlib.Path, sharded: dict, full: dict | None, modes: li
     after it, as a run's every later checkpoint."""
     import torch.distributed as dist
 
-    from sprite.runtime.ckpt import dcp_write
-
     world, first = dist.get_world_size(), {}
     for mode in modes:
-        dcp_write.MODE = mode
+        _writer(mode)
         first[f"sharded ({mode})"] = _timed(
             lambda: _background_save(sharded, root / f"first-{mode}", rank, world, True), clean=True)
         _timed(_sealed)
@@ -404,6 +402,13 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
 _FIT_SAVES = [0]
 
 
+def _writer(mode: str) -> None:
+    """Background saves from here on are written in ``mode``, as ``sprite run --checkpoint-writer`` sets it."""
+    from sprite import contract
+
+    os.environ[contract.CHECKPOINT_WRITER] = mode
+
+
 def worker(args) -> None:
     """Inside every rank (launched by ``main`` through sprite's plan)."""
     import torch
@@ -449,7 +454,7 @@ def worker(args) -> None:
                                        "torch": torch.__version__}), flush=True)
     fit = {}
     if args.steps:
-        dcp_write.MODE = modes[0]
+        _writer(modes[0])
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         from sprite import FSDP2Strategy

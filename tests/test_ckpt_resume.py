@@ -143,8 +143,8 @@ def test_every_checkpoint_corrupt_ends_with_exit_1_naming_each(ddp):
 def fsdp(sprite_cmd, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     runs = {"root": root, "ck": root / "ck"}
-    runs["a"] = fit(sprite_cmd, root, "a", ["--strategy", "fsdp"], runs["ck"], "--max-steps", "9", "--save-last",
-                    "--random-sampler")
+    runs["a"] = fit(sprite_cmd, root, "a", ["--strategy", "fsdp", "--run-dir", str(root / "run-a")], runs["ck"],
+                    "--max-steps", "9", "--save-last", "--random-sampler")
     runs["a_dir"] = sorted(os.listdir(runs["ck"]))
     runs["b"] = fit(sprite_cmd, root, "b", ["--strategy", "fsdp", "--resume", str(runs["ck"] / "epoch=0-step=6.ckpt")],
                     root / "b_ck", "--max-steps", "9", "--full-state", "--every", "1", "--top-k", "1", "--random-sampler")
@@ -155,8 +155,10 @@ def fsdp(sprite_cmd, tmp_path_factory):
         data[len(data) // 2] ^= 0x01
         os.unlink(shard)
         shard.write_bytes(bytes(data))
-    runs["c"] = fit(sprite_cmd, root, "c", ["--strategy", "fsdp", "--resume", "auto"], root / "c_ck", "--max-steps",
-                    "9", "--random-sampler")
+    # written by torch's checkpoint process instead of a thread of each rank
+    runs["c"] = fit(sprite_cmd, root, "c", ["--strategy", "fsdp", "--resume", "auto", "--checkpoint-writer", "process",
+                                            "--run-dir", str(root / "run-c")], root / "c_ck", "--max-steps", "9",
+                    "--random-sampler")
     return runs
 
 
@@ -192,3 +194,42 @@ def test_fsdp_resume_auto_loads_the_one_before_a_sharded_checkpoint_found_change
     for rank in (0, 1):
         resumed, first = losses(fsdp["root"], "c", rank), losses(fsdp["root"], "a", rank)
         assert resumed == {s: v for s, v in first.items() if s >= 6}  # the older checkpoint, bit for bit
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+def test_checkpoint_writer_process_writes_sharded_saves_that_seal_and_hold_the_same_state(fsdp, tmp_path):
+    """``--checkpoint-writer process``: the resumed fit's sharded save at step 9 is written by torch's checkpoint
+    process and sealed; it holds, bit for bit, what the first fit's save at step 9 (written by a thread of each
+    rank) holds, as torch's own reader reads both; each save's record names its writer."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    assert fsdp["c"].returncode == 0, fsdp["c"].stderr[-3000:]
+
+    def writers(tag: str) -> dict:
+        records = audit.read(fsdp["root"] / f"run-{tag}" / "audit.jsonl")
+        return {Path(r["path"]).name: r.get("writer") for r in records if r["kind"] == "checkpoint_written"
+                and r["verified"]}
+
+    assert set(writers("a").values()) == {"thread"} and len(writers("a")) == 4
+    # the step-9 save (Lightning names it -v1: the changed folder of that name is still there)
+    assert writers("c") == {"epoch=0-step=9-v1.ckpt": "process"}
+    by_thread, by_process = fsdp["ck"] / "epoch=0-step=9.ckpt", fsdp["root"] / "c_ck" / "epoch=0-step=9-v1.ckpt"
+    assert integrity.verify(by_process).valid
+    for name, folder in (("thread", by_thread), ("process", by_process)):
+        dcp_to_torch_save(folder, tmp_path / f"{name}.pt")
+    thread_state, process_state = (torch.load(tmp_path / f"{name}.pt", weights_only=False)
+                                   for name in ("thread", "process"))
+    assert {"state_dict", "optimizer_0"} <= thread_state.keys()  # weights, Adam's state (Lightning's layout)
+    assert _same(thread_state, process_state)

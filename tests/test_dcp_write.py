@@ -225,6 +225,38 @@ def test_each_save_gets_a_writer_of_its_own_and_each_mode_keeps_one_stager_of_sp
     assert (hashed_save.process_stager() is stagers[0]) == (mode == "process")
 
 
+def test_the_writer_is_the_one_sprite_run_chose_and_a_wrong_one_is_refused_in_one_line(tmp_path, monkeypatch):
+    """``sprite run --checkpoint-writer`` (or the spec's ``checkpoint_writer:``) reaches the ranks as
+    SPRITE_CHECKPOINT_WRITER, which picks torch's async checkpointer; unset, ``MODE``; a value sprite did not write
+    is refused naming itself."""
+    import json
+    import subprocess
+    import sys
+
+    from sprite.errors import UsageError
+
+    monkeypatch.setattr(dcp_write, "MODE", "thread")
+    assert dcp_write.mode({}) == "thread"
+    assert dcp_write.mode({"SPRITE_CHECKPOINT_WRITER": "process"}) == "process"
+    with pytest.raises(UsageError, match="SPRITE_CHECKPOINT_WRITER='fork' is not a checkpoint writer") as err:
+        dcp_write.mode({"SPRITE_CHECKPOINT_WRITER": "fork"})
+    assert "thread, process" in err.value.fix
+    script = tmp_path / "t.py"
+    script.write_text("")
+    (tmp_path / "job.yaml").write_text(f"script: {script}\ncheckpoint_writer: process\n")
+
+    def planned(*flags):
+        return subprocess.run([sys.executable, "-m", "sprite", "run", "--dry-run", "--json", *flags],
+                              capture_output=True, text=True, cwd=tmp_path, check=False)
+
+    for flags in (["--checkpoint-writer", "process", str(script)], ["--spec", "job.yaml"]):
+        assert json.loads(planned(*flags).stdout)["env"]["SPRITE_CHECKPOINT_WRITER"] == "process", flags
+    assert "SPRITE_CHECKPOINT_WRITER" not in json.loads(planned(str(script)).stdout)["env"]
+    wrong = planned("--checkpoint-writer", "fork", str(script))
+    assert wrong.returncode == 2 and "--checkpoint-writer" in wrong.stderr and "thread, process" in wrong.stderr
+    assert wrong.stderr.count("\n") == 1, wrong.stderr
+
+
 def test_saves_that_plan_alike_reuse_the_plan_and_each_loads_equal(tmp_path, monkeypatch):
     """Plan caching (dcp_write.planner): a save whose layout equals the one before sends no plan; one whose layout
     changed plans afresh; every folder loads equal to what was saved, by torch's reader and sprite's."""

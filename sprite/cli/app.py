@@ -92,6 +92,10 @@ def run(
                                        "--checkpoint-every auto (e.g. 24h); default: the site profile's"),
     keep: Optional[str] = typer.Option(None, "--keep", metavar=WHOLE, help="how many of sprite's own "
                                        "--checkpoint-every checkpoints to keep (default 2)"),
+    checkpoint_writer: Optional[str] = typer.Option(
+        None, "--checkpoint-writer", metavar="thread|process", help="where a sharded (FSDP) save is written while "
+        "training goes on: a thread of each rank (default) or a process of torch's, off the rank's GIL, with host "
+        "buffers in shared memory (/dev/shm) the size of the rank's state"),
     preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
                                                  "it the ranks checkpoint at the next step and exit 75"),
     requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "
@@ -140,6 +144,7 @@ def run(
         "retries": retries, "spare_nodes": spare_nodes,
         "preempt_signal": preempt_signal, "requeue": True if requeue else None,
         "checkpoint_every": checkpoint_every, "mtbf": mtbf, "keep": keep,
+        "checkpoint_writer": checkpoint_writer,
     }
     flags["preflight"] = True if preflight else None
     run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)

@@ -33,6 +33,7 @@ PREEMPT_SIGNAL = "SPRITE_PREEMPT_SIGNAL"  # USR1 | USR2 | none: the signal on wh
 CHECKPOINT_EVERY = "SPRITE_CHECKPOINT_EVERY"  # seconds between sprite's own saves, or "auto" (Young/Daly from MTBF)
 MTBF = "SPRITE_MTBF"  # seconds: the mean time between failures --checkpoint-every auto plans for
 KEEP = "SPRITE_KEEP"  # how many of sprite's own clock checkpoints a rank keeps (default 2)
+CHECKPOINT_WRITER = "SPRITE_CHECKPOINT_WRITER"  # one of CHECKPOINT_WRITERS: where a sharded save is written
 JOB_SCRIPT = "SPRITE_JOB_SCRIPT"  # set by a job script that may requeue: its own path, to submit it again (PBS)
 
 ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHER, HOSTS, JOB_ID, SITE, CHECKS,
@@ -42,6 +43,7 @@ ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHE
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 CHECK_MODES = ("on", "off", "strict")  # SPRITE_CHECKS; "on" when unset
+CHECKPOINT_WRITERS = ("thread", "process")  # SPRITE_CHECKPOINT_WRITER; "thread" when unset
 PREEMPT_SIGNALS = ("USR1", "USR2", "none")  # SPRITE_PREEMPT_SIGNAL; sprite/contract/preemption.py says why USR1 is the default
 
 # Launcher flavours a plan can be built for; the runtime resolves ranks differently for each.

@@ -122,6 +122,8 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
         contract.PREEMPT_SIGNAL: preemption.effective(spec.preempt_signal),
     })
     env.update(cadence_env(spec))
+    if spec.checkpoint_writer:
+        env[contract.CHECKPOINT_WRITER] = spec.checkpoint_writer
     env.update(ctx.run_env)
     env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
     return env

@@ -59,6 +59,7 @@ class JobSpec:
     checkpoint_every: str | None = None  # seconds between sprite's own saves (as text), or "auto"; None: none
     mtbf: float | None = None  # seconds: the mean time between failures checkpoint_every auto plans for
     keep: int | None = None  # sprite's own clock checkpoints kept (None: 2)
+    checkpoint_writer: str | None = None  # thread | process: where a sharded save is written; None: thread
     preempt_signal: str | None = None  # USR1 | USR2 | none (contract.PREEMPT_SIGNAL); None: preemption.DEFAULT
     requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
     preflight: bool = False  # sprite run checks every node first (sprite preflight) and leaves failed ones out
@@ -99,6 +100,7 @@ CHECKS: dict[str, Callable[[Any, Complain], Any]] = {
     "stall_timeout": v.timeout, "first_step_timeout": v.timeout, "save_timeout": v.timeout,
     "retries": v.non_negative_int, "spare_nodes": v.non_negative_int,
     "checkpoint_every": v.cadence, "mtbf": v.span, "keep": v.whole(1, 1000),
+    "checkpoint_writer": v.choice(contract.CHECKPOINT_WRITERS),
     "preempt_signal": v.signal_name, "requeue": v.flag, "log_dir": v.string, "ranks": _ranks,
     "cpu_bind": sv.token, "preflight": v.flag, "stage": lambda value, complain: stage_place(value, complain),
     "keep_stage": v.flag,

@@ -22,8 +22,9 @@ test of an unchanged plan ignores dtypes). The caches of layouts no longer saved
 save's plans each), one per layout a process has saved. Process mode takes torch's default planner (a class
 made here could not be sent to torch's process).
 
-``MODE`` picks torch's async checkpointer: "thread" (a thread of this rank) or "process" (a process torch starts,
-which keeps the write's Python work off the training loop's GIL); benchmarks/checkpoint_io.py measures both. Both
+:func:`mode` picks torch's async checkpointer, ``sprite run --checkpoint-writer`` (``MODE`` without it): "thread"
+(a thread of this rank) or "process" (a process torch starts, which keeps the write's Python work off the training
+loop's GIL); benchmarks/checkpoint_io.py measures both. Both
 stage with sprite's own stager (``sprite.runtime.ckpt.stage.stager``: host buffers kept from save to save, shared
 memory in process mode, device copies queued on a side stream instead of waited for). torch's ``DefaultStager``,
 which process mode would stage with, cannot be used for a second save in torch 2.11 ("KeyError: <class 'type'>" in
@@ -44,8 +45,22 @@ import os
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-MODE = "thread"  # torch's AsyncCheckpointerType: "thread" or "process"
+from sprite import contract
+from sprite.errors import UsageError, one_line
+
+MODE = "thread"  # torch's AsyncCheckpointerType: "thread" or "process", where SPRITE_CHECKPOINT_WRITER is unset
 MAX_THREADS = 4  # files a rank writes in parallel at most
+
+
+def mode(env=os.environ) -> str:
+    """Where this save is written: ``SPRITE_CHECKPOINT_WRITER`` (``sprite run --checkpoint-writer``), else ``MODE``.
+    Raises UsageError for another value (the launcher checks it; a hand-set one could still be wrong)."""
+    chosen = env.get(contract.CHECKPOINT_WRITER, "").strip() or MODE
+    if chosen not in contract.CHECKPOINT_WRITERS:
+        raise UsageError(f"{contract.CHECKPOINT_WRITER}={one_line(chosen, 80)!r} is not a checkpoint writer.",
+                         "It says where a sharded save is written; sprite run sets it from --checkpoint-writer.",
+                         f"Use one of {', '.join(contract.CHECKPOINT_WRITERS)}, or unset it.")
+    return chosen
 
 
 def threads() -> int:

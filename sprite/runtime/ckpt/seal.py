@@ -216,6 +216,10 @@ def save_checkpoint(original, trainer, filepath, weights_only=None, storage_opti
     meta = _meta(trainer, "dcp" if folder else "file", weights_only)
     rank, world = trainer.global_rank, trainer.world_size
     plan["timing"] = _timing(started)
+    if folder:  # for the record: where the sharded write ran (sprite run --checkpoint-writer)
+        from sprite.runtime.ckpt import dcp_write
+
+        plan["timing"]["writer"] = dcp_write.mode()
     durable.later(lambda: _complete(plan, target, meta, pending, rank, world, group))
 
 
