@@ -20,7 +20,6 @@ import pytest
 
 from sprite import integrity
 from sprite.integrity import audit
-from sprite.runtime.ckpt import save as hashed_save
 from conftest import sprite_free_env
 
 pytestmark = pytest.mark.slow

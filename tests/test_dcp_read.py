@@ -9,7 +9,6 @@ import json
 import os
 import pickle
 import warnings
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings

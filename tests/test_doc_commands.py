@@ -110,7 +110,7 @@ def test_every_documented_command_line_parses(path, number, line):
     try:
         parse(words(line))
     except Exception as err:  # noqa: BLE001  (any refusal fails the line, with the CLI's own message)
-        message = getattr(err, "format_message", lambda: str(err))()
+        message = err.format_message() if hasattr(err, "format_message") else str(err)
         pytest.fail(f"{path.relative_to(REPO)}:{number}: {line}\n  -> {type(err).__name__}: {message}")
 
 
