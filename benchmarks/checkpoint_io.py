@@ -427,6 +427,11 @@ def worker(args) -> None:
         from sprite.runtime.ckpt import stage
 
         stage.QUEUED = False
+    if args.shared_buffers:  # thread mode stages as process mode does: shared memory, cudaHostRegister'ed
+        from sprite.runtime.ckpt import save as hashed_save
+        from sprite.runtime.ckpt.stage import stager
+
+        hashed_save._stagers["thread"] = stager(shared=True)  # the stager the first save would otherwise make
     model, optimizer, get_model, get_optim = _state(args.model, args.accelerator)
     rank = dist.get_rank()
     sharded = {"model": get_model(model), "optim": get_optim(model, optimizer)}
@@ -477,6 +482,7 @@ def worker(args) -> None:
                "switch_interval": sys.getswitchinterval(),
                "plan_cache": not args.no_plan_cache and modes[0] == "thread",
                "copies": "waited for" if args.wait_copies else "queued",
+               "buffers": "shared" if args.shared_buffers or modes[0] == "process" else "pinned",
                "state_dict": "Lightning's (cpu_offload=True)" if args.lightning_offload else "FSDP2Strategy's",
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
                "waited": middle["waited"], "staged": middle["staged"], "built": middle["built"],
@@ -485,10 +491,10 @@ def worker(args) -> None:
                "plain_step": statistics.median(run["clear_step"] for run in plain),
                "first_run": first["seconds"],
                "first_staged": first["staged"]}
-        if modes[0] == "process":  # how many of the stager's host buffers are pinned (cudaHostRegister)
+        if modes[0] == "process" or args.shared_buffers:  # how many of the stager's buffers are cudaHostRegister'ed
             from sprite.runtime.ckpt import save as hashed_save
 
-            stager = hashed_save.process_stager()
+            stager = hashed_save.stager_of(modes[0])
             host = stager.host if stager else None
             fit["pinned"] = f"{len(host.registered)} of {len(host.buffers)}" if host else "no stager"
     if rank == 0:
@@ -526,6 +532,9 @@ def main() -> int:
                         help="build each save's state dict with Lightning's ModelParallelStrategy options"
                              " (cpu_offload=True: every shard copied to the host in the save call) instead of"
                              " sprite's FSDP2Strategy's (left on the device), for a before/after figure")
+    parser.add_argument("--shared-buffers", action="store_true",
+                        help="in thread mode, stage into shared memory registered with CUDA (as process mode does)"
+                             " instead of pinned host buffers, for a before/after figure")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -533,6 +542,8 @@ def main() -> int:
         parser.error("--repeats, --devices and --every must be 1 or more, --steps 0 or more")
     if args.threads < 0 or not 0 <= args.switch_interval <= 1:  # Python refuses a switch interval of 0 or less
         parser.error("--threads must be 0 or more and --switch-interval between 0 and 1 second (0: the default)")
+    if args.shared_buffers and args.modes.split(",")[0] != "thread":
+        parser.error("--shared-buffers changes thread mode's buffers: give --modes thread")
     if args.worker:
         worker(args)
         return 0
@@ -551,6 +562,7 @@ def main() -> int:
                           "--threads", str(args.threads), "--switch-interval", str(args.switch_interval),
                           *(["--no-plan-cache"] if args.no_plan_cache else []),
                           *(["--wait-copies"] if args.wait_copies else []),
+                          *(["--shared-buffers"] if args.shared_buffers else []),
                           *(["--lightning-offload"] if args.lightning_offload else []),
                           *(["--steps-only"] if args.steps_only else [])]}
         plan = plan_run(flags)
@@ -618,7 +630,8 @@ def report(result: dict, args) -> str:
                      f" (no synchronisation): {fit['beside_step'] * 1000:.1f} ms begun with a save in flight"
                      f" ({fit['beside_count']} of {fit['steps']}), {fit['clear_step'] * 1000:.1f} ms with none,"
                      f" {fit['plain_step'] * 1000:.1f} ms in the fits without saves"
-                     + (f"; stager buffers pinned: {fit['pinned']}" if "pinned" in fit else ""))
+                     + f"; stager buffers {fit.get('buffers', 'pinned')}"
+                     + (f", registered with CUDA: {fit['pinned']}" if "pinned" in fit else ""))
     return "\n".join(lines)
 
 

@@ -222,7 +222,7 @@ def test_each_save_gets_a_writer_of_its_own_and_each_mode_keeps_one_stager_of_sp
     assert len({id(writer) for writer in writers}) == 2
     assert not any(writer.cache_staged_state_dict for writer in writers)
     assert stagers[0] is stagers[1] and stagers[0].host.shared == (mode == "process")
-    assert (hashed_save.process_stager() is stagers[0]) == (mode == "process")
+    assert hashed_save.stager_of(mode) is stagers[0]
 
 
 def test_the_writer_is_the_one_sprite_run_chose_and_a_wrong_one_is_refused_in_one_line(tmp_path, monkeypatch):

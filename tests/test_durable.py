@@ -198,6 +198,7 @@ def test_the_end_of_a_script_waits_for_the_background_thread(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [["--repeats", "0"], ["--threads", "-1"], ["--switch-interval", "-0.001"],
+                                 ["--shared-buffers", "--modes", "process"],
                                  ["--switch-interval", "5"]])
 def test_the_checkpoint_benchmark_refuses_a_bad_setting_in_one_line(bad):
     import subprocess

@@ -201,9 +201,9 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
     _collect.append(_async_dcp(converted_state, path, process_group or background.group()))
 
 
-def process_stager():
-    """This rank's process-mode stager (``stage.stager``), or None before its first process-mode save."""
-    return _stagers.get("process")
+def stager_of(mode: str):
+    """This rank's stager (``stage.stager``) for the writer ``mode``, or None before its first save in it."""
+    return _stagers.get(mode)
 
 
 def forget() -> None:
