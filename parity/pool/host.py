@@ -25,13 +25,6 @@ from sprite.parity.launch import launch
 POLL_SECONDS = 0.02
 
 
-def free_port() -> int:
-    """A port free here now: every arm's process group gets its own rendezvous, so no rank can reach the store of
-    the arm before (seen on 2 CPU ranks: a reused port hung the fourth arm's init_process_group). Drawn as a local
-    run's is (``rendezvous.free_port``), outside the range the kernel hands to other processes meanwhile."""
-    return rendezvous.free_port()
-
-
 class Pool:
     """One launch of ``world`` ranks (``fields``: job_fields of any arm of it) serving tasks from ``folder``."""
 
@@ -83,7 +76,9 @@ class Pool:
         its own exit code (1 if 0)."""
         owner_only.make_dirs(log.parent)
         ranks = range(self.world) if rank is None else [rank]
-        env = {"MASTER_PORT": str(free_port())} if rank is None and self.world > 1 else {}
+        # every arm's process group gets its own rendezvous, so no rank can reach the store of the arm before (seen
+        # on 2 CPU ranks: a reused port hung the fourth arm's init_process_group)
+        env = {"MASTER_PORT": str(rendezvous.free_port())} if rank is None and self.world > 1 else {}
         task = {"module": module, "argv": argv, "log": os.fspath(log), "strategy": strategy, "env": env,
                 "threads": threads}
         slots = [(r, self.next[r]) for r in ranks]
