@@ -1,6 +1,6 @@
 # each argument: "MODE EXTRA-FLAGS..." for one run of the step-time comparison at every $EVERY
 set -u
-EVERY=${EVERY:-10}
+EVERY=${EVERY:-10} REPEATS=${REPEATS:-2} LIMIT=${LIMIT:-200}
 pip install -q --no-index --no-deps --target /tmp/s build/whl/*.whl 2>&1 | grep -v WARNING
 export PYTHONPATH=/tmp/s HF_HUB_OFFLINE=1 PATH=/tmp/s/bin:$PATH
 mkdir -p /tmp/b && cp benchmarks/checkpoint_io.py /tmp/b/ && cd /tmp/b
@@ -9,8 +9,8 @@ R=$OUT/ckpt_steps_variants.txt
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; python -c "import torch, lightning; print(torch.__version__, lightning.__version__)"
 for V in "$@"; do
   set -- $V; MODE=$1; shift
-  echo "--- every $EVERY, $((4 * EVERY)) steps, repeats 2, mode $MODE, flags: $*"
-  ( time timeout 200 python checkpoint_io.py --model qwen2.5-0.5b-shape --devices 1 --accelerator cuda --repeats 2 \
+  echo "--- every $EVERY, $((4 * EVERY)) steps, repeats $REPEATS, mode $MODE, flags: $*"
+  ( time timeout $LIMIT python checkpoint_io.py --model qwen2.5-0.5b-shape --devices 1 --accelerator cuda --repeats $REPEATS \
       --modes $MODE --steps-only --steps $((4 * EVERY)) --every $EVERY "$@" ) 2>&1 | grep -E "^step time|^real|rror|Trace" | tail -8
 done
 } > $R 2>&1

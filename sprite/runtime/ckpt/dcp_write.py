@@ -35,8 +35,9 @@ mode's 1.38-1.43x, and equal (1.29x) at a larger batch. On another host (docs/ru
 1.23x against 1.51x, and thread mode's steps begun with no save in flight ran 6-12% slower than a fit without saves
 while process mode's did not; on two more hosts (docs/runs/h200-2026-12-03-g) that split did not reproduce (process
 1.28x against thread 1.42x on one; thread mode without a lasting cost on the other), and the fits without saves
-varied 25% on one host. "thread" stays the default until process mode is measured at rarer saves and on more
-hosts, since its buffers take the state's size in shared memory.
+varied 25% on one host; at a save every 30 steps process mode ran 1.18x and 1.13x against thread's 1.28x (one pair
+each). "thread" stays the default until process mode's lead holds over more pairs and hosts, since its buffers
+take the state's size in shared memory.
 """
 
 from __future__ import annotations
