@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from sprite import contract
 from sprite.cli import goodput as cli_goodput
 from sprite.contract import heartbeat
 from sprite.contract.heartbeat import Beat
@@ -200,6 +202,23 @@ def test_the_cadence_reaches_the_ranks_as_contract_variables(tmp_path):
     plain = subprocess.run([sys.executable, "-m", "sprite", "run", "--dry-run", "--json", str(script)],
                            capture_output=True, text=True, cwd=tmp_path, check=False)
     assert "SPRITE_CHECKPOINT_EVERY" not in json.loads(plain.stdout)["env"]
+
+
+def test_a_cadence_or_writer_exported_in_the_shell_does_not_reach_the_ranks_only_the_flags_do(tmp_path):
+    """contract.ASKED_FOR: a stale export must not turn on saves, or pick a writer, the run did not ask for."""
+    script = tmp_path / "t.py"
+    script.write_text("import json, os\n"
+                      f"names = {contract.ASKED_FOR!r}\n"
+                      "open('seen.json', 'w').write(json.dumps({n: os.environ.get(n) for n in names}))\n")
+    stale = {contract.CHECKPOINT_EVERY: "5", contract.KEEP: "9", contract.MTBF: "60",
+             contract.CHECKPOINT_WRITER: "fork"}
+    done = subprocess.run([sys.executable, "-m", "sprite", "run", "--accelerator", "cpu", "--devices", "1",
+                           "--checkpoint-every", "1h", str(script)], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, **stale}, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen == {contract.CHECKPOINT_EVERY: "3600.0", contract.KEEP: "2", contract.MTBF: None,
+                    contract.CHECKPOINT_WRITER: None}, seen
 
 
 def test_runs_show_has_a_goodput_section(tmp_path):

