@@ -549,7 +549,7 @@ def main() -> int:
         return 0
     import subprocess
 
-    from sprite.launch.execute import resolve_program
+    from sprite.launch.execute import environment, resolve_program
     from sprite.launch.plan import plan_run
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("SPRITE_BENCH_TMP")) as tmp:
@@ -567,7 +567,7 @@ def main() -> int:
                           *(["--steps-only"] if args.steps_only else [])]}
         plan = plan_run(flags)
         with tempfile.TemporaryFile("w+") as err:
-            run = subprocess.Popen([resolve_program(plan), *plan.argv[1:]], env={**os.environ, **plan.env},
+            run = subprocess.Popen([resolve_program(plan), *plan.argv[1:]], env=environment(plan),
                                    stdout=subprocess.PIPE, stderr=err, text=True)
             out = []
             for text in run.stdout:  # the formats' figures as soon as they are measured (a run cut short keeps them)
