@@ -215,7 +215,7 @@ def test_each_save_gets_a_writer_of_its_own_and_each_mode_keeps_one_stager_of_sp
         return done
 
     monkeypatch.setattr(torch_dcp, "async_save", fake_async_save)
-    monkeypatch.setattr(dcp_write, "MODE", mode)
+    monkeypatch.setenv("SPRITE_CHECKPOINT_WRITER", mode)
     monkeypatch.setattr(hashed_save, "_stagers", {})
     for name in ("a", "b"):
         hashed_save._async_dcp({"w": torch.arange(3.0)}, tmp_path / name, None)
@@ -227,7 +227,8 @@ def test_each_save_gets_a_writer_of_its_own_and_each_mode_keeps_one_stager_of_sp
 
 def test_the_writer_is_the_one_sprite_run_chose_and_a_wrong_one_is_refused_in_one_line(tmp_path, monkeypatch):
     """``sprite run --checkpoint-writer`` (or the spec's ``checkpoint_writer:``) reaches the ranks as
-    SPRITE_CHECKPOINT_WRITER, which picks torch's async checkpointer; unset, ``MODE``; a value sprite did not write
+    SPRITE_CHECKPOINT_WRITER, which picks torch's async checkpointer, even over a pick made before; a value sprite did not
+    write
     is refused naming itself."""
     import json
     import subprocess
@@ -235,9 +236,9 @@ def test_the_writer_is_the_one_sprite_run_chose_and_a_wrong_one_is_refused_in_on
 
     from sprite.errors import UsageError
 
-    monkeypatch.setattr(dcp_write, "MODE", "thread")
-    assert dcp_write.mode({}) == "thread"
+    monkeypatch.setattr(dcp_write, "_picked", ["thread"])
     assert dcp_write.mode({"SPRITE_CHECKPOINT_WRITER": "process"}) == "process"
+    assert dcp_write.mode({}) == "thread"
     with pytest.raises(UsageError, match="SPRITE_CHECKPOINT_WRITER='fork' is not a checkpoint writer") as err:
         dcp_write.mode({"SPRITE_CHECKPOINT_WRITER": "fork"})
     assert "thread, process" in err.value.fix
@@ -345,3 +346,73 @@ def test_sprites_stager_saves_again_and_again_reusing_its_buffers_while_steps_go
     assert [save["equal"] for save in saves] == [True, True, True] and saves[0]["keys"] >= 12
     assert saves[0]["dtensors"] >= 6  # the model's and the optimizer's sharded tensors
     assert saves[0]["addresses"] == saves[1]["addresses"] == saves[2]["addresses"]
+
+
+GiB = 2**30
+
+
+def test_unset_the_writer_is_process_on_cuda_with_room_in_dev_shm_else_thread_with_a_line_where_room_lacked():
+    """The default (dcp_write.default_mode): torch's checkpoint process for a CUDA state where /dev/shm holds every
+    local rank's buffers with a quarter spare; a thread for a CPU or XPU state, without a word; a thread where the
+    room lacks (or there is no /dev/shm), with one line that says what lacked and the two ways out."""
+    assert dcp_write.default_mode({"cuda", "cpu"}, GiB, 4, 5 * GiB) == ("process", "")
+    assert dcp_write.default_mode({"cpu"}, GiB, 1, 100 * GiB) == ("thread", "")
+    assert dcp_write.default_mode({"xpu", "cpu"}, GiB, 12, 100 * GiB) == ("thread", "")
+    assert dcp_write.default_mode({"cuda"}, GiB, 4, 5 * GiB)[0] == "process"  # 4 ranks x 1 GiB x 1.25
+    assert dcp_write.default_mode({"cuda"}, GiB, 4, 5 * GiB - 1)[0] == "thread"  # a byte short is short
+    for free in (4 * GiB, None):
+        pick, why = dcp_write.default_mode({"cuda"}, GiB, 4, free)
+        assert pick == "thread" and "\n" not in why and len(why) < 400, why
+        assert ("4.0 GiB free in /dev/shm" if free else "no /dev/shm") in why
+        assert "need 5.0 GiB" in why and "4 rank(s) x 1.0 GiB" in why
+        assert "larger /dev/shm" in why and "--checkpoint-writer thread" in why
+
+
+def test_the_pick_is_made_once_a_process_group_from_the_state_and_made_again_for_the_next_group(monkeypatch, capsys):
+    """mode() picks at the first save of a process group (a CPU state here: thread, no line), keeps that pick for
+    later saves whatever their state, and forgets it with the group (new_group); before any save it says thread
+    and remembers nothing. A pick that fell back for room prints its line once, to stderr. A later group of the same
+    process (a warm pool's next role) takes thread: torch's one checkpoint process is joined to the first group."""
+    monkeypatch.setattr(dcp_write, "_picked", [])
+    monkeypatch.setattr(dcp_write, "_generation", [0])
+    assert dcp_write.mode({}) == "thread" and dcp_write._picked == []
+    assert dcp_write.mode({}, state={"w": torch.zeros(3)}) == "thread" and dcp_write._picked == ["thread"]
+    monkeypatch.setattr(dcp_write, "default_mode", lambda *args: ("process", ""))
+    assert dcp_write.mode({}, state={"w": torch.zeros(3)}) == "thread"  # kept for the group
+    dcp_write._picked.clear()  # the same group's pick made again: now process
+    assert dcp_write.mode({}, state={"w": torch.zeros(3)}) == "process"
+    dcp_write.new_group()
+    assert dcp_write.mode({}, state={"w": torch.zeros(3)}) == "thread"  # the next group of this process
+    seen = []
+    monkeypatch.setattr(dcp_write, "default_mode", lambda *args: seen.append(args) or ("thread", "no room here"))
+    monkeypatch.setattr(dcp_write, "_generation", [0])  # a first group again
+    dcp_write._picked.clear()
+    for _ in range(2):
+        assert dcp_write.mode({"LOCAL_WORLD_SIZE": "3"}, state={"a": torch.zeros(4), "b": [torch.zeros(2, 2)]}) \
+            == "thread"
+    assert capsys.readouterr().err == "sprite: no room here\n"
+    assert seen == [({"cpu"}, 32, 3, dcp_write.shm_free())]  # 8 floats of 4 bytes, 3 ranks on the node
+
+
+def _vote(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from sprite.runtime.ckpt import dcp_write
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    picks = [dcp_write.agree(pick, dist.group.WORLD) for pick in (["process", "thread"][rank], "process")]
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as handle:
+        handle.write(" ".join(picks))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_every_rank_takes_process_mode_only_where_every_rank_picked_it(tmp_path):
+    """Two real gloo ranks: one lacking room (thread) makes both write in a thread, as the modes plan on different
+    process groups and ranks that differed would hang; both picking process keep it."""
+    import torch.multiprocessing as mp
+
+    from sprite.launch.rendezvous import free_port
+
+    mp.start_processes(_vote, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(2)] == ["thread process"] * 2

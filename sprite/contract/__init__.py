@@ -43,7 +43,7 @@ ALL = (ACCELERATOR, STRATEGY, PRECISION, NUM_NODES, DEVICES, WORLD_SIZE, LAUNCHE
 ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 CHECK_MODES = ("on", "off", "strict")  # SPRITE_CHECKS; "on" when unset
-CHECKPOINT_WRITERS = ("thread", "process")  # SPRITE_CHECKPOINT_WRITER; "thread" when unset
+CHECKPOINT_WRITERS = ("thread", "process")  # SPRITE_CHECKPOINT_WRITER; unset: picked per run (ckpt/dcp_write.py)
 # Variables a plan sets only when the run asks for them (--checkpoint-every, --mtbf, --keep, --checkpoint-writer):
 # the launch environment drops any the user's shell exported, so only the flags and the spec decide them.
 ASKED_FOR = (CHECKPOINT_EVERY, MTBF, KEEP, CHECKPOINT_WRITER)

@@ -59,7 +59,7 @@ class JobSpec:
     checkpoint_every: str | None = None  # seconds between sprite's own saves (as text), or "auto"; None: none
     mtbf: float | None = None  # seconds: the mean time between failures checkpoint_every auto plans for
     keep: int | None = None  # sprite's own clock checkpoints kept (None: 2)
-    checkpoint_writer: str | None = None  # thread | process: where a sharded save is written; None: thread
+    checkpoint_writer: str | None = None  # thread | process: where a sharded save is written; None: picked
     preempt_signal: str | None = None  # USR1 | USR2 | none (contract.PREEMPT_SIGNAL); None: preemption.DEFAULT
     requeue: bool = False  # ask the batch system to run the job again when the ranks stopped for preemption
     preflight: bool = False  # sprite run checks every node first (sprite preflight) and leaves failed ones out

@@ -22,7 +22,7 @@ def main(out: str, mode: str = "process", device: str = "cpu") -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    from sprite.runtime.ckpt import background, dcp_write
+    from sprite.runtime.ckpt import background
     from sprite.runtime.ckpt import save as hashed_save
 
     backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
@@ -48,7 +48,7 @@ def main(out: str, mode: str = "process", device: str = "cpu") -> None:
                 got[key] = (value.full_tensor() if hasattr(value, "full_tensor") else value).cpu()
         return got
 
-    dcp_write.MODE = mode
+    os.environ["SPRITE_CHECKPOINT_WRITER"] = mode  # as sprite run --checkpoint-writer sets it
     saves = []
     for number in range(3):
         step()

@@ -22,22 +22,24 @@ test of an unchanged plan ignores dtypes). The caches of layouts no longer saved
 save's plans each), one per layout a process has saved. Process mode takes torch's default planner (a class
 made here could not be sent to torch's process).
 
-:func:`mode` picks torch's async checkpointer, ``sprite run --checkpoint-writer`` (``MODE`` without it): "thread"
-(a thread of this rank) or "process" (a process torch starts, which keeps the write's Python work off the training
-loop's GIL); benchmarks/checkpoint_io.py measures both. Both
+:func:`mode` picks torch's async checkpointer: ``sprite run --checkpoint-writer`` where given, "thread" (a thread
+of this rank) or "process" (a process torch starts, which keeps the write's Python work off the training loop's
+GIL). Without it, :func:`default_mode` picks at a process group's first sharded save, and every rank takes the same
+pick (:func:`agree`: the modes plan on different groups, so ranks that differ would hang): "process" where the
+state is on CUDA and ``/dev/shm`` has room for the node's ranks' buffers, else "thread" (a rank that lacks the room
+says so in one line). A process whose first process group ended (a warm pool's next role) takes "thread": torch
+starts one checkpoint process per Python process, joined to the world of the group it was started in. Process mode is measured better on CUDA: with a device-bound 0.54 s step and a save every
+10 steps on one H200 (docs/runs/h200-2026-12-04), 1.042x, 1.052x and 1.054x the fit without saves on two hosts,
+against thread mode's 1.107x and 1.095x; the fits without saves agreed within 0.1%, and thread mode's extra time was
+its slower steps beside the background thread (2.1-2.2 s over 6 saves against process mode's 0.3-0.5 s). At a
+0.2 s step bound by Python dispatch process mode led on most of 5 hosts too (1.13-1.28x against 1.28-1.51x,
+docs/runs/h200-2026-12-03, -f and -g). On XPU and CPU nothing measured favours it, and it starts a process per
+rank, so "thread" stays theirs. Both
 stage with sprite's own stager (``sprite.runtime.ckpt.stage.stager``: host buffers kept from save to save, shared
 memory in process mode, device copies queued on a side stream instead of waited for). torch's ``DefaultStager``,
 which process mode would stage with, cannot be used for a second save in torch 2.11 ("KeyError: <class 'type'>" in
 _state_dict_stager.py, pytorch/pytorch#183413: its ``_stage`` closes the stager). Every save gets a writer of its
-own. On one H200 (docs/runs/h200-2026-12-03) process mode's step-time ratio was
-1.19x and 1.41x in two runs (the second waited for saves that outlasted the 10 steps between them) against thread
-mode's 1.38-1.43x, and equal (1.29x) at a larger batch. On another host (docs/runs/h200-2026-12-03-f) it was
-1.23x against 1.51x, and thread mode's steps begun with no save in flight ran 6-12% slower than a fit without saves
-while process mode's did not; on two more hosts (docs/runs/h200-2026-12-03-g) that split did not reproduce (process
-1.28x against thread 1.42x on one; thread mode without a lasting cost on the other), and the fits without saves
-varied 25% on one host; at a save every 30 steps process mode ran 1.18x and 1.13x against thread's 1.28x (one pair
-each). "thread" stays the default until process mode's lead holds over more pairs and hosts, since its buffers
-take the state's size in shared memory.
+own.
 """
 
 from __future__ import annotations
@@ -51,19 +53,82 @@ from torch.distributed.checkpoint import FileSystemWriter
 from sprite import contract
 from sprite.errors import UsageError, one_line
 
-MODE = "thread"  # torch's AsyncCheckpointerType: "thread" or "process", where SPRITE_CHECKPOINT_WRITER is unset
 MAX_THREADS = 4  # files a rank writes in parallel at most
+SHM = "/dev/shm"  # where torch's shared CPU tensors live (its file_descriptor sharing strategy, shm_open)
+SHM_SPARE = 1.25  # process mode is picked only where /dev/shm's free space is this many times the node's buffers
+
+_picked: list = []  # [the writer default_mode and agree picked at this process group's first sharded save]
 
 
-def mode(env=os.environ) -> str:
-    """Where this save is written: ``SPRITE_CHECKPOINT_WRITER`` (``sprite run --checkpoint-writer``), else ``MODE``.
+def mode(env=os.environ, state=None, group=None) -> str:
+    """Where this process's sharded saves are written: ``SPRITE_CHECKPOINT_WRITER`` (``sprite run
+    --checkpoint-writer``), else the pick made at this process group's first save (module docstring), made now from
+    ``state`` on every rank of ``group`` when there is none yet ("thread" without a ``state``, unremembered).
     Raises UsageError for another value (the launcher checks it; a hand-set one could still be wrong)."""
-    chosen = env.get(contract.CHECKPOINT_WRITER, "").strip() or MODE
-    if chosen not in contract.CHECKPOINT_WRITERS:
-        raise UsageError(f"{contract.CHECKPOINT_WRITER}={one_line(chosen, 80)!r} is not a checkpoint writer.",
-                         "It says where a sharded save is written; sprite run sets it from --checkpoint-writer.",
-                         f"Use one of {', '.join(contract.CHECKPOINT_WRITERS)}, or unset it.")
-    return chosen
+    chosen = env.get(contract.CHECKPOINT_WRITER, "").strip()
+    if chosen:
+        if chosen not in contract.CHECKPOINT_WRITERS:
+            raise UsageError(f"{contract.CHECKPOINT_WRITER}={one_line(chosen, 80)!r} is not a checkpoint writer.",
+                             "It says where a sharded save is written; sprite run sets it from --checkpoint-writer.",
+                             f"Use one of {', '.join(contract.CHECKPOINT_WRITERS)}, or unset it.")
+        return chosen
+    if _picked:
+        return _picked[0]
+    if state is None:
+        return "thread"
+    devices, nbytes = set(), 0
+    for _path, tensor in _leaves(state, ""):
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        devices.add(local.device.type)
+        nbytes += local.numel() * local.element_size()
+    ranks = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    pick, why = default_mode(devices, nbytes, ranks, shm_free())
+    if _generation[0]:  # torch keeps one checkpoint process per Python process, joined to its first group's world
+        pick, why = "thread", ""
+    if why:
+        from sprite.runtime import trail
+
+        trail.say(why)
+    _picked.append(agree(pick, group))
+    return _picked[0]
+
+
+def default_mode(devices: set, nbytes: int, local_ranks: int, free: int | None) -> tuple[str, str]:
+    """``(writer, why)`` for a rank whose sharded state holds ``nbytes`` on ``devices`` (device types), beside
+    ``local_ranks`` ranks of its node (itself included), with ``free`` bytes free in /dev/shm (None: no /dev/shm).
+    "process" on CUDA with room for every local rank's buffers and a quarter spare; else "thread", with ``why`` a
+    one-line reason where only the room stood in the way."""
+    if "cuda" not in devices:
+        return "thread", ""
+    need = nbytes * local_ranks
+    if free is not None and free >= need * SHM_SPARE:
+        return "process", ""
+    have = "no /dev/shm" if free is None else f"{free / 2**30:.1f} GiB free in {SHM}"
+    return "thread", (f"sharded saves are written in a thread of each rank, not in torch's checkpoint process: "
+                      f"{have}, and that process's host buffers need {need * SHM_SPARE / 2**30:.1f} GiB on this "
+                      f"node ({local_ranks} rank(s) x {nbytes / 2**30:.1f} GiB of state, a quarter spare). Give the "
+                      f"job a larger {SHM}, or pass --checkpoint-writer thread to choose this writer outright.")
+
+
+def shm_free() -> int | None:
+    """Bytes an unprivileged process may still take in /dev/shm, or None where there is none."""
+    try:
+        info = os.statvfs(SHM)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+def agree(pick: str, group) -> str:
+    """The writer every rank of ``group`` takes: "process" only where every rank picked it (a collective: every
+    rank calls it at the same save). ``group`` None: this rank's own pick."""
+    import torch.distributed as dist
+
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return pick
+    votes = torch.tensor([1 if pick == "process" else 0], dtype=torch.int32)
+    dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=group)
+    return "process" if int(votes.item()) else "thread"
 
 
 def threads() -> int:
@@ -99,27 +164,29 @@ def layout_digest(state) -> str:
     """A short digest of every tensor's place, dtype, layout, shape and requires_grad in ``state``."""
     import hashlib
 
-    parts: list[str] = []
-
-    def walk(value, path: str) -> None:
-        if isinstance(value, torch.Tensor):
-            parts.append(f"{path}|{value.dtype}|{value.layout}|{tuple(value.shape)}|{value.requires_grad}")
-        elif isinstance(value, dict):
-            for name, item in value.items():
-                walk(item, f"{path}.{name}")
-        elif isinstance(value, (list, tuple)):
-            for number, item in enumerate(value):
-                walk(item, f"{path}[{number}]")
-        elif hasattr(value, "state_dict") and callable(value.state_dict):  # a Stateful, as dcp.save takes it
-            walk(value.state_dict(), path)
-
-    walk(state, "")
+    parts = [f"{path}|{value.dtype}|{value.layout}|{tuple(value.shape)}|{value.requires_grad}"
+             for path, value in _leaves(state, "")]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _leaves(value, path: str):
+    """``(path, tensor)`` for every tensor in ``value``: dicts, lists, tuples and Statefuls, as dcp.save walks them."""
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _leaves(item, f"{path}.{name}")
+    elif isinstance(value, (list, tuple)):
+        for number, item in enumerate(value):
+            yield from _leaves(item, f"{path}[{number}]")
+    elif hasattr(value, "state_dict") and callable(value.state_dict):  # a Stateful, as dcp.save takes it
+        yield from _leaves(value.state_dict(), path)
 
 
 def new_group() -> None:
     """This process's process group ended: the next save plans afresh under a cache key of its own."""
     _planner.clear()
+    _picked.clear()
     _generation[0] += 1
 
 

@@ -222,7 +222,7 @@ def _async_dcp(state: dict, path, group) -> Pending:
     from sprite.runtime.ckpt import dcp_write
     from sprite.runtime.ckpt.stage import stager
 
-    mode = dcp_write.mode()
+    mode = dcp_write.mode(state=state, group=group)  # picked at the group's first save, the same on every rank
     # sprite's stager in both modes (dcp_write's docstring: torch 2.11 cannot reuse its own in process mode; the
     # queued copies, sprite.runtime.ckpt.stage); process mode takes torch's default planner
     staging = _stagers.get(mode) or _stagers.setdefault(mode, stager(shared=mode == "process"))
