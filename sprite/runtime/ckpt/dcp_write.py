@@ -28,8 +28,9 @@ GIL). Without it, :func:`default_mode` picks at a process group's first sharded 
 pick (:func:`agree`: the modes plan on different groups, so ranks that differ would hang): "process" where the
 state is on CUDA and ``/dev/shm`` has room for the node's ranks' buffers, else "thread" (a rank that lacks the room
 says so in one line). A process whose first process group ended (a warm pool's next role) takes "thread": torch
-starts one checkpoint process per Python process, joined to the world of the group it was started in. Process mode is measured better on CUDA: with a device-bound 0.54 s step and a save every
-10 steps on one H200 (docs/runs/h200-2026-12-04), 1.042x, 1.052x and 1.054x the fit without saves on two hosts,
+starts one checkpoint process per Python process, joined to the world of the group it was started in.
+Process mode is measured better on CUDA: with a device-bound 0.54 s step and a save every 10 steps on one H200
+(docs/runs/h200-2026-12-04), 1.042x, 1.052x and 1.054x the fit without saves on two hosts,
 against thread mode's 1.107x and 1.095x; the fits without saves agreed within 0.1%, and thread mode's extra time was
 its slower steps beside the background thread (2.1-2.2 s over 6 saves against process mode's 0.3-0.5 s). At a
 0.2 s step bound by Python dispatch process mode led on most of 5 hosts too (1.13-1.28x against 1.28-1.51x,
@@ -76,6 +77,9 @@ def mode(env=os.environ, state=None, group=None) -> str:
         return _picked[0]
     if state is None:
         return "thread"
+    if _generation[0]:  # torch keeps one checkpoint process per Python process, joined to its first group's world
+        _picked.append(agree("thread", group))
+        return _picked[0]
     devices, nbytes = set(), 0
     for _path, tensor in _leaves(state, ""):
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
@@ -83,8 +87,6 @@ def mode(env=os.environ, state=None, group=None) -> str:
         nbytes += local.numel() * local.element_size()
     ranks = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
     pick, why = default_mode(devices, nbytes, ranks, shm_free())
-    if _generation[0]:  # torch keeps one checkpoint process per Python process, joined to its first group's world
-        pick, why = "thread", ""
     if why:
         from sprite.runtime import trail
 
