@@ -216,6 +216,9 @@ def test_each_save_gets_a_writer_of_its_own_and_each_mode_keeps_one_stager_of_sp
 
     monkeypatch.setattr(torch_dcp, "async_save", fake_async_save)
     monkeypatch.setenv("SPRITE_CHECKPOINT_WRITER", mode)
+    monkeypatch.setattr(dcp_write, "_picked", [])  # this process's first group, room in /dev/shm
+    monkeypatch.setattr(dcp_write, "_generation", [0])
+    monkeypatch.setattr(dcp_write, "shm_free", lambda: 2**30)
     monkeypatch.setattr(hashed_save, "_stagers", {})
     for name in ("a", "b"):
         hashed_save._async_dcp({"w": torch.arange(3.0)}, tmp_path / name, None)
@@ -227,16 +230,15 @@ def test_each_save_gets_a_writer_of_its_own_and_each_mode_keeps_one_stager_of_sp
 
 def test_the_writer_is_the_one_sprite_run_chose_and_a_wrong_one_is_refused_in_one_line(tmp_path, monkeypatch):
     """``sprite run --checkpoint-writer`` (or the spec's ``checkpoint_writer:``) reaches the ranks as
-    SPRITE_CHECKPOINT_WRITER, which picks torch's async checkpointer, even over a pick made before; a value sprite did not
-    write
-    is refused naming itself."""
+    SPRITE_CHECKPOINT_WRITER, which picks torch's async checkpointer before any save; a value sprite did not write is
+    refused naming itself."""
     import json
     import subprocess
     import sys
 
     from sprite.errors import UsageError
 
-    monkeypatch.setattr(dcp_write, "_picked", ["thread"])
+    monkeypatch.setattr(dcp_write, "_picked", [])
     assert dcp_write.mode({"SPRITE_CHECKPOINT_WRITER": "process"}) == "process"
     assert dcp_write.mode({}) == "thread"
     with pytest.raises(UsageError, match="SPRITE_CHECKPOINT_WRITER='fork' is not a checkpoint writer") as err:
@@ -391,7 +393,37 @@ def test_the_pick_is_made_once_a_process_group_from_the_state_and_made_again_for
         assert dcp_write.mode({"LOCAL_WORLD_SIZE": "3"}, state={"a": torch.zeros(4), "b": [torch.zeros(2, 2)]}) \
             == "thread"
     assert capsys.readouterr().err == "sprite: no room here\n"
-    assert seen == [({"cpu"}, 32, 3, dcp_write.shm_free())]  # 8 floats of 4 bytes, 3 ranks on the node
+    assert seen == [({"cpu"}, 32, 3, dcp_write.shm_free(), "")]  # 8 floats of 4 bytes, 3 ranks on the node
+
+
+def test_a_chosen_process_writer_needs_the_room_and_a_first_group_else_a_thread_says_why(monkeypatch, capsys):
+    """--checkpoint-writer process is taken for any state with room in /dev/shm (a CPU one here); without the room
+    (torch's process would stage past tmpfs's capacity: SIGBUS) or in a warm pool's later role (torch's one process
+    is joined to the first world) the saves are written in a thread, with one line saying why; a chosen thread is
+    taken outright, with nothing walked or said."""
+    state = {"w": torch.zeros(256)}
+    chosen = {"SPRITE_CHECKPOINT_WRITER": "process"}
+
+    def first_save(env, free):
+        monkeypatch.setattr(dcp_write, "_picked", [])
+        monkeypatch.setattr(dcp_write, "_generation", [0])
+        monkeypatch.setattr(dcp_write, "shm_free", lambda: free)
+        return dcp_write.mode(env, state=state)
+
+    assert first_save(chosen, GiB) == "process" and capsys.readouterr().err == ""
+    assert dcp_write.mode(chosen) == "process"  # what the seal records, the pick kept
+    assert dcp_write.default_mode({"cpu"}, GiB, 4, 5 * GiB - 1, "process")[0] == "thread"  # a byte short is short
+    assert first_save(chosen, 1024) == "thread"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--checkpoint-writer process is not taken" in err and "free in /dev/shm" in err
+    assert dcp_write.mode(chosen) == "thread"
+    monkeypatch.setattr(dcp_write, "shm_free", lambda: GiB)
+    dcp_write.new_group()  # a warm pool's next role
+    assert dcp_write.mode(chosen, state=state) == "thread"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "later role" in err and "--checkpoint-writer process is not taken" in err
+    monkeypatch.setattr(dcp_write, "_leaves", lambda *args: pytest.fail("a chosen thread walked the state"))
+    assert first_save({"SPRITE_CHECKPOINT_WRITER": "thread"}, 0) == "thread" and capsys.readouterr().err == ""
 
 
 def _vote(rank: int, world: int, port: int, out: str) -> None:

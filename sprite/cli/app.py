@@ -96,7 +96,7 @@ def run(
         None, "--checkpoint-writer", metavar="thread|process", help="where a sharded (FSDP) save is written while "
         "training goes on: a thread of each rank or a process of torch's, off the rank's GIL, with host buffers in "
         "shared memory (/dev/shm) the size of the rank's state; default: the process on CUDA where /dev/shm has room "
-        "for the node's ranks, else the thread"),
+        "for the node's ranks, else the thread; process without that room falls back to the thread, saying why"),
     preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
                                                  "it the ranks checkpoint at the next step and exit 75"),
     requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "

@@ -28,7 +28,8 @@ GIL). Without it, :func:`default_mode` picks at a process group's first sharded 
 pick (:func:`agree`: the modes plan on different groups, so ranks that differ would hang): "process" where the
 state is on CUDA and ``/dev/shm`` has room for the node's ranks' buffers, else "thread" (a rank that lacks the room
 says so in one line). A process whose first process group ended (a warm pool's next role) takes "thread": torch
-starts one checkpoint process per Python process, joined to the world of the group it was started in.
+starts one checkpoint process per Python process, joined to the world of the group it was started in. A given
+"process" is held to the room and to the first group too (:func:`default_mode`'s ``chosen``, :data:`LATER_ROLE`).
 Process mode is measured better on CUDA: with a device-bound 0.54 s step and a save every 10 steps on one H200
 (docs/runs/h200-2026-12-04), 1.042x, 1.052x and 1.054x the fit without saves on two hosts,
 against thread mode's 1.107x and 1.095x; the fits without saves agreed within 0.1%, and thread mode's extra time was
@@ -62,31 +63,31 @@ _picked: list = []  # [the writer default_mode and agree picked at this process 
 
 
 def mode(env=os.environ, state=None, group=None) -> str:
-    """Where this process's sharded saves are written: ``SPRITE_CHECKPOINT_WRITER`` (``sprite run
-    --checkpoint-writer``), else the pick made at this process group's first save (module docstring), made now from
-    ``state`` on every rank of ``group`` when there is none yet ("thread" without a ``state``, unremembered).
-    Raises UsageError for another value (the launcher checks it; a hand-set one could still be wrong)."""
+    """Where this process's sharded saves are written: the pick made at this process group's first save, made now
+    from ``state`` on every rank of ``group`` when there is none yet (module docstring); before any save,
+    ``SPRITE_CHECKPOINT_WRITER`` (``sprite run --checkpoint-writer``) or "thread", unremembered. The variable's
+    "thread" is taken outright; its "process" still needs the room in /dev/shm and a first process group, and
+    falls back to "thread" with one line where either lacks. Raises UsageError for another value (the launcher
+    checks it; a hand-set one could still be wrong)."""
     chosen = env.get(contract.CHECKPOINT_WRITER, "").strip()
-    if chosen:
-        if chosen not in contract.CHECKPOINT_WRITERS:
-            raise UsageError(f"{contract.CHECKPOINT_WRITER}={one_line(chosen, 80)!r} is not a checkpoint writer.",
-                             "It says where a sharded save is written; sprite run sets it from --checkpoint-writer.",
-                             f"Use one of {', '.join(contract.CHECKPOINT_WRITERS)}, or unset it.")
-        return chosen
+    if chosen and chosen not in contract.CHECKPOINT_WRITERS:
+        raise UsageError(f"{contract.CHECKPOINT_WRITER}={one_line(chosen, 80)!r} is not a checkpoint writer.",
+                         "It says where a sharded save is written; sprite run sets it from --checkpoint-writer.",
+                         f"Use one of {', '.join(contract.CHECKPOINT_WRITERS)}, or unset it.")
     if _picked:
         return _picked[0]
-    if state is None:
-        return "thread"
+    if state is None or chosen == "thread":
+        return chosen or "thread"
     if _generation[0]:  # torch keeps one checkpoint process per Python process, joined to its first group's world
-        _picked.append(agree("thread", group))
-        return _picked[0]
-    devices, nbytes = set(), 0
-    for _path, tensor in _leaves(state, ""):
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        devices.add(local.device.type)
-        nbytes += local.numel() * local.element_size()
-    ranks = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
-    pick, why = default_mode(devices, nbytes, ranks, shm_free())
+        pick, why = "thread", (LATER_ROLE if chosen else "")
+    else:
+        devices, nbytes = set(), 0
+        for _path, tensor in _leaves(state, ""):
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            devices.add(local.device.type)
+            nbytes += local.numel() * local.element_size()
+        ranks = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+        pick, why = default_mode(devices, nbytes, ranks, shm_free(), chosen)
     if why:
         from sprite.runtime import trail
 
@@ -95,18 +96,25 @@ def mode(env=os.environ, state=None, group=None) -> str:
     return _picked[0]
 
 
-def default_mode(devices: set, nbytes: int, local_ranks: int, free: int | None) -> tuple[str, str]:
+LATER_ROLE = ("--checkpoint-writer process is not taken in this warm pool's later role: torch starts one checkpoint "
+              "process per Python process, joined to the first role's world; sharded saves are written in a thread "
+              "of each rank instead. Launch the run outside the pool to write in torch's process.")
+
+
+def default_mode(devices: set, nbytes: int, local_ranks: int, free: int | None, chosen: str = "") -> tuple[str, str]:
     """``(writer, why)`` for a rank whose sharded state holds ``nbytes`` on ``devices`` (device types), beside
     ``local_ranks`` ranks of its node (itself included), with ``free`` bytes free in /dev/shm (None: no /dev/shm).
-    "process" on CUDA with room for every local rank's buffers and a quarter spare; else "thread", with ``why`` a
-    one-line reason where only the room stood in the way."""
-    if "cuda" not in devices:
+    "process" on CUDA (or wherever ``chosen`` is "process") with room for every local rank's buffers and a quarter
+    spare: torch's process stages in shared memory, and pages written past tmpfs's room kill the rank with SIGBUS.
+    Else "thread", with ``why`` a one-line reason where only the room stood in the way."""
+    if chosen != "process" and "cuda" not in devices:
         return "thread", ""
     need = nbytes * local_ranks
     if free is not None and free >= need * SHM_SPARE:
         return "process", ""
     have = "no /dev/shm" if free is None else f"{free / 2**30:.1f} GiB free in {SHM}"
-    return "thread", (f"sharded saves are written in a thread of each rank, not in torch's checkpoint process: "
+    asked = "--checkpoint-writer process is not taken: " if chosen else ""
+    return "thread", (f"{asked}sharded saves are written in a thread of each rank, not in torch's checkpoint process: "
                       f"{have}, and that process's host buffers need {need * SHM_SPARE / 2**30:.1f} GiB on this "
                       f"node ({local_ranks} rank(s) x {nbytes / 2**30:.1f} GiB of state, a quarter spare). Give the "
                       f"job a larger {SHM}, or pass --checkpoint-writer thread to choose this writer outright.")
