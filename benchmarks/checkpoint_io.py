@@ -29,8 +29,9 @@ sharded save every --every steps (its stall and the background write's contentio
 synchronisation at each end (target <= 1.05), split into the waits for the save before, the time in the save
 calls (staging), and the slower steps beside the background writes (with queued copies, the device's wait for
 them falls there too). Each save's state dict is built as sprite's FSDP2Strategy builds a sharded save's (the
-shards left on the device; --lightning-offload: as Lightning's ModelParallelStrategy does, every shard copied to
-the host in the save call). A warm-up run with saves comes first: the first save of a run makes
+shards left on the device, from the model's and optimizer's state_dict() once torch's functions agreed with them;
+--torch-state-dicts: torch's functions at every save; --lightning-offload: as Lightning's ModelParallelStrategy
+does, every shard copied to the host in the save call). A warm-up run with saves comes first: the first save of a run makes
 its pinned buffers and gloo group, a cost a long run pays once; it is printed apart.
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. After the timings,
 torch's own reader loads sprite's last sharded folder into a blank copy of the state, which must equal the state
@@ -341,7 +342,7 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
     """Seconds for ``args.steps`` optimizer steps of the recipe's model (one synchronisation at each end), with a
     sprite sharded save every ``every`` steps (0: none), on the slowest rank: ``seconds``; of it, ``waited`` for
     the save before (at most one in flight) and ``staged`` in the save calls themselves (``built`` of it: the
-    state dict built by torch's get_model/optimizer_state_dict), each summed over saves."""
+    state dicts built, as ``state_of`` builds them), each summed over saves."""
     import torch
     import torch.distributed as dist
 
@@ -466,10 +467,16 @@ def worker(args) -> None:
 
         # what a sharded save of a fit asks torch for: sprite's FSDP2Strategy's options, or with
         # --lightning-offload Lightning's ModelParallelStrategy's (every shard copied to the host in the call)
+        from sprite.runtime.ckpt import state_dicts
+
         options = StateDictOptions(cpu_offload=True) if args.lightning_offload else \
             FSDP2Strategy.sharded_state_dict_options()
-        state_of = lambda: {"model": get_model(model, options=options),  # noqa: E731
-                            "optim": get_optim(model, optimizer, options=options)}
+        if args.torch_state_dicts:  # torch's functions at every save (sprite before ckpt.state_dicts)
+            state_of = lambda: {"model": get_model(model, options=options),  # noqa: E731
+                                "optim": get_optim(model, optimizer, options=options)}
+        else:  # as FSDP2Strategy builds them (torch's functions where other options are asked for)
+            state_of = lambda: {"model": state_dicts.model_state(model, options),  # noqa: E731
+                                "optim": state_dicts.optimizer_state(model, optimizer, options)}
         # Warm-up with saves: the first save of a run makes its pinned host buffers and its gloo group once (1.9 s
         # on an H200, 2026-12-01); a long run pays that once, so it is measured apart, not in every comparison.
         first = _steps(model, optimizer, args, root, state_of, args.every)
@@ -483,7 +490,8 @@ def worker(args) -> None:
                "plan_cache": not args.no_plan_cache and modes[0] == "thread",
                "copies": "waited for" if args.wait_copies else "queued",
                "buffers": "shared" if args.shared_buffers or modes[0] == "process" else "pinned",
-               "state_dict": "Lightning's (cpu_offload=True)" if args.lightning_offload else "FSDP2Strategy's",
+               "state_dict": ("Lightning's (cpu_offload=True)" if args.lightning_offload else "FSDP2Strategy's")
+               + (", torch's functions at every save" if args.torch_state_dicts else ""),
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
                "waited": middle["waited"], "staged": middle["staged"], "built": middle["built"],
                "sealing": middle["sealing"], "beside_step": middle["beside_step"], "clear_step": middle["clear_step"],
@@ -532,6 +540,10 @@ def main() -> int:
                         help="build each save's state dict with Lightning's ModelParallelStrategy options"
                              " (cpu_offload=True: every shard copied to the host in the save call) instead of"
                              " sprite's FSDP2Strategy's (left on the device), for a before/after figure")
+    parser.add_argument("--torch-state-dicts", action="store_true",
+                        help="build each save's state dicts with torch's get_model/optimizer_state_dict every time"
+                             " instead of from the model's and optimizer's state_dict() once torch's agreed"
+                             " (sprite.runtime.ckpt.state_dicts), for a before/after figure")
     parser.add_argument("--shared-buffers", action="store_true",
                         help="in thread mode, stage into shared memory registered with CUDA (as process mode does)"
                              " instead of pinned host buffers, for a before/after figure")
@@ -564,6 +576,7 @@ def main() -> int:
                           *(["--wait-copies"] if args.wait_copies else []),
                           *(["--shared-buffers"] if args.shared_buffers else []),
                           *(["--lightning-offload"] if args.lightning_offload else []),
+                          *(["--torch-state-dicts"] if args.torch_state_dicts else []),
                           *(["--steps-only"] if args.steps_only else [])]}
         plan = plan_run(flags)
         with tempfile.TemporaryFile("w+") as err:
@@ -620,8 +633,7 @@ def report(result: dict, args) -> str:
                      f" {fit['ckpt'] / fit['no_ckpt']:.3f}, target <= 1.05); of the {saves} saves' extra"
                      f" {fit['ckpt'] - fit['no_ckpt']:.3f} s: {fit['waited']:.3f} s waiting for the save before,"
                      f" {fit['staged']:.3f} s in the save calls (of it {fit.get('built', float('nan')):.3f} s"
-                     f" building the state dict: torch's get_model/optimizer_state_dict with"
-                     f" {fit.get('state_dict', 'default')} options), {rest:.3f} s slower steps"
+                     f" building the state dicts, {fit.get('state_dict', 'default')}), {rest:.3f} s slower steps"
                      f" beside the background writes (and, with queued copies, the copies themselves);"
                      f" the warm-up run's first save (pinned buffers, gloo group) staged in"
                      f" {fit['first_staged']:.3f} s, measured apart; each save sealed {fit['sealing']:.3f} s after"

@@ -12,7 +12,8 @@ Differences from ModelParallelStrategy (Lightning 2.6.6 pytorch/strategies/model
 - a 1-device or DDP checkpoint file resumes even when the optimizer holds only the trainable parameters (LoRA),
   which Lightning refuses with "Missing optimizer state" (see ``fsdp2_load``);
 - a sharded save's state dicts hold the model's and the optimizer's own tensors, where they live
-  (:meth:`sharded_state_dict_options`), not a copy on the host.
+  (:meth:`sharded_state_dict_options`), not a copy on the host, and after the first save are built from the
+  model's and the optimizer's ``state_dict()`` where torch's were seen to be just those (``ckpt.state_dicts``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from sprite.errors import UsageError
-from sprite.runtime.ckpt import fsdp2_load
+from sprite.runtime.ckpt import fsdp2_load, state_dicts
 from sprite.runtime.devices import backend_for
 from sprite.runtime.shard import block_classes, shard_model
 
@@ -149,23 +150,22 @@ class FSDP2Strategy(ModelParallelStrategy):
         return fsdp2_load.restore(self.model, self.optimizers, checkpoint, self.lightning_module.strict_loading)
 
     def lightning_module_state_dict(self) -> dict:
-        """Lightning's, except a sharded save's: the model's own shards (:meth:`sharded_state_dict_options`)."""
+        """Lightning's, except a sharded save's: the model's own shards (:meth:`sharded_state_dict_options`,
+        ``ckpt.state_dicts``)."""
         if not self._save_distributed_checkpoint:
             return super().lightning_module_state_dict()
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return get_model_state_dict(self.model, options=self.sharded_state_dict_options())
+        return state_dicts.model_state(self.model, self.sharded_state_dict_options())
 
     def optimizer_state(self, optimizer) -> dict:
-        """Lightning's, except a sharded save's: the optimizer's own state (:meth:`sharded_state_dict_options`)."""
+        """Lightning's, except a sharded save's: the optimizer's own state (:meth:`sharded_state_dict_options`,
+        ``ckpt.state_dicts``)."""
         if not self._save_distributed_checkpoint:
             return super().optimizer_state(optimizer)
         from lightning.pytorch.core.optimizer import LightningOptimizer
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer.optimizer
-        return get_optimizer_state_dict(self.model, optimizer, options=self.sharded_state_dict_options())
+        return state_dicts.optimizer_state(self.model, optimizer, self.sharded_state_dict_options())
 
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or backend_for(self.root_device)
