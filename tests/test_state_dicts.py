@@ -1,5 +1,6 @@
 """A sharded save's state dicts (sprite.runtime.ckpt.state_dicts) against torch's get_model_state_dict and
-get_optimizer_state_dict, in this process on a one-rank gloo group (a FileStore, no env vars)."""
+get_optimizer_state_dict, and the stager's copy of their DTensors, in this process on a one-rank gloo group (a
+FileStore, no env vars)."""
 
 from __future__ import annotations
 
@@ -173,3 +174,25 @@ def test_other_options_are_torchs_every_time_and_learn_nothing(mesh, monkeypatch
         state_dicts.optimizer_state(model, optimizer, offload)
     assert calls == [1] * 4 and model not in state_dicts._models and optimizer not in state_dicts._optimizers
     assert all(value.device.type == "cpu" for value in got.values())
+
+
+def test_the_stager_copies_a_saves_dtensors_without_their_detach_and_keeps_their_buffers(mesh, monkeypatch):
+    """What the save call does next with these dicts (stage.HostCopy.queue): a DTensor's detach is dispatched through
+    DTensor's operator machinery (0.05 s of a 0.3 s save call on CPU), so the stager, under no_grad, takes its local
+    tensor instead; parameters that require grad come out as plain host copies, the same buffers save after save."""
+    from torch.distributed.tensor import DTensor
+
+    from sprite.runtime.ckpt import stage
+
+    model, optimizer = _trained(mesh)
+    host = stage.HostCopy()
+    params = dict(model.named_parameters())  # DTensor Parameters, requiring grad
+    monkeypatch.setattr(DTensor, "detach", lambda self: pytest.fail("a DTensor was detached"))
+    first, _ = host.queue(params)
+    _step(model, optimizer)
+    second, _ = host.queue(params)
+    for name, param in params.items():
+        assert isinstance(second[name], DTensor) and not second[name].requires_grad
+        assert torch.equal(second[name].to_local(), param.to_local().detach())
+        assert second[name].to_local().data_ptr() == first[name].to_local().data_ptr()
+    host.release()

@@ -99,7 +99,8 @@ class HostCopy:
     def copy(self, state):
         """A copy of ``state`` whose tensors live in host memory of this process alone, complete on return."""
         self.devices, used = set(), [0]
-        out = self._copy(state, used)
+        with torch.no_grad():
+            out = self._copy(state, used)
         _synchronize(self.devices)
         return out
 
@@ -110,7 +111,8 @@ class HostCopy:
             return self.copy(state), Ticket([])
         self.devices, used, self._streams = set(), [0], {}
         try:
-            out = self._copy(state, used)
+            with torch.no_grad():  # nothing here is differentiated; see _tensor
+                out = self._copy(state, used)
         finally:
             streams, self._streams = self._streams, None
         events = []
@@ -163,9 +165,12 @@ class HostCopy:
         source.record_stream(stream)
 
     def _tensor(self, tensor: torch.Tensor, used: list) -> torch.Tensor:
-        tensor = tensor.detach()
+        """Called under ``torch.no_grad()``: a DTensor's ``to_local()`` is then its own local tensor, not an
+        autograd view, and no ``detach()`` is needed for one (a DTensor's detach is dispatched through DTensor's
+        operator machinery: 1,066 of them took 0.05 s of a 0.3 s save call on CPU, 2026-12-04)."""
         if _is_dtensor(tensor):
             return self._dtensor(tensor, used)
+        tensor = tensor.detach()
         if type(tensor) is not torch.Tensor or tensor.layout != torch.strided:
             return copy.deepcopy(tensor.cpu())  # a subclass or sparse tensor: torch copies it its own way
         index = used[0]
