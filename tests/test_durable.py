@@ -107,6 +107,25 @@ def test_a_failed_background_write_keeps_the_older_checkpoint_and_stops_the_next
     assert "sprite: error:" in err and f"kept {old}" in err
 
 
+def test_a_dead_checkpoint_process_is_named_with_the_thread_writer_as_the_fix_and_each_advice_given_once(capfd):
+    """torch's words for its checkpoint process gone lead to that process and --checkpoint-writer thread, not to a
+    full disk; a SaveFailed from the seal keeps one cause and one fix in the message check() raises."""
+    def sealed_badly():
+        raise durable.SaveFailed("Checkpoint /c was not saved: rank 0: RuntimeError: Checkpoint background process "
+                                 "is dead. Exit code: 1.", *durable.advice("Checkpoint background process is dead"))
+
+    durable.later(sealed_badly)
+    assert durable.drain(60)
+    with pytest.raises(durable.SaveFailed) as failed:
+        durable.wait()
+    message = str(failed.value)
+    assert "torch's checkpoint process exited" in message and "--checkpoint-writer thread" in message
+    assert "disk" not in message and message.count("previous checkpoint is kept") == 1
+    assert "Exit code: 1." in message and ".." not in message and "\n" not in message
+    assert "sprite: error: Checkpoint /c was not saved" in capfd.readouterr().err
+    assert durable.advice("OSError: [Errno 28] No space left on device")[0].startswith("The disk may be full")
+
+
 def test_an_unsealed_save_keeps_the_checkpoint_it_was_to_supersede(tmp_path, capfd):
     old = tmp_path / "epoch=0.ckpt"
     old.write_bytes(b"old")

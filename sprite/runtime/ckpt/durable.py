@@ -40,6 +40,8 @@ def _serve() -> None:
         job = _jobs.get()
         try:
             job()
+        except SaveFailed as err:  # its cause and fix are check()'s to give, not repeated inside its message
+            fail(err.what.rstrip("."))
         except Exception as err:  # kept for check(), which the next save and the end of the fit call
             fail(f"{type(err).__name__}: {err}")
 
@@ -85,12 +87,27 @@ def settle() -> None:
         fail(f"the save in flight was still running after {AT_EXIT_SECONDS:.0f} s")
 
 
+# How torch's process executor says its checkpoint process has gone (torch 2.11-2.13,
+# distributed/checkpoint/_async_process_executor.py); another wording gets the disk's advice below.
+PROCESS_GONE = "checkpoint background process is dead"
+
+
+def advice(reason: str) -> tuple[str, str]:
+    """``(cause, fix)`` for a background save that failed for ``reason``: torch's checkpoint process gone (it logs
+    why in the rank's output: a port taken, its shared memory full), else the disk (full, read-only)."""
+    if PROCESS_GONE in reason.lower():
+        return ("torch's checkpoint process exited (its own lines above in this rank's log say why, e.g. a port "
+                "taken or /dev/shm full); the previous checkpoint is kept.",
+                "Pass --checkpoint-writer thread to write in a thread of each rank, then resume with --resume auto.")
+    return ("The disk may be full or the file system read-only; the previous checkpoint is kept.",
+            "Free space or fix the file system, then resume with --resume auto.")
+
+
 def check() -> None:
     """Raises SaveFailed when background checkpoint work failed (the next save and the end of the fit call it)."""
     if _failed:
         raise SaveFailed(f"A checkpoint saved in the background failed: {one_line(_failed[0], 300)}.",
-                         "The disk may be full or the file system read-only; the previous checkpoint is kept.",
-                         "Free space or fix the file system, then resume with --resume auto.")
+                         *advice(_failed[0]))
 
 
 def wait() -> None:

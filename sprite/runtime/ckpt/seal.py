@@ -162,9 +162,7 @@ def _complete(plan: dict, target: Path, meta: dict, pending: list, rank: int, wo
         for write in pending:
             write.discard()
         reason = report[1] if not report[0] else "another rank could not write its files (its log says why)"
-        raise durable.SaveFailed(f"Checkpoint {target} was not saved: {reason}.",
-                                 "The disk may be full or the file system read-only; the previous checkpoint is "
-                                 "kept.", "Free space or fix the file system, then resume with --resume auto.")
+        raise durable.SaveFailed(f"Checkpoint {target} was not saved: {reason.rstrip('.')}.", *durable.advice(reason))
 
 
 def _swap(fresh: Path, target: Path) -> None:
