@@ -142,12 +142,23 @@ def test_an_optimizer_given_new_parameters_or_losing_state_goes_back_to_torch(me
     _step(model, optimizer)
     state_dicts.optimizer_state(wrapper, optimizer, SHARDED)  # learnt again
     assert len(calls) == 3
+    block = model.blocks[0]
+    block.renamed = block.inner  # the same parameters under new names: torch is asked, and its names are given
+    del block.inner
+    got = state_dicts.optimizer_state(wrapper, optimizer, SHARDED)
+    assert len(calls) == 4 and "main.blocks.0.renamed.weight" in got["state"]
+    assert not any(".inner." in fqn and fqn.startswith("main.blocks.0.") for fqn in got["state"])
+    block.inner = block.renamed  # as it was, so the model runs again
+    del block.renamed
+    _step(model, optimizer)
+    state_dicts.optimizer_state(wrapper, optimizer, SHARDED)
+    assert len(calls) == 5
     other = nn.Module()
     other.main, other.extra = model, extra
     state_dicts.optimizer_state(other, optimizer, SHARDED)  # another model object: asked again
-    assert len(calls) == 4
+    assert len(calls) == 6
     state_dicts.optimizer_state(other, optimizer, SHARDED)
-    assert len(calls) == 4
+    assert len(calls) == 6
 
 
 def test_a_model_whose_state_dict_copies_always_goes_to_torch(mesh, monkeypatch):

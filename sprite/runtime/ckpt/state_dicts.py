@@ -12,7 +12,8 @@ So the first call for a model (or a model and an optimizer) calls torch's functi
 the same order and every tensor the same storage (model); the same positions named the same way and every
 parameter's state the same object (optimizer). Where it all agrees, later calls build the dict from
 ``state_dict()`` and the names learnt, as long as what they rest on is unchanged: the model's state-dict keys, the
-optimizer's parameters (by identity) and how many of them hold state. Anything else (another wrapper, state-dict
+optimizer's parameters (by identity) and how many of them hold state, and the model's parameters with their names
+(4-5 ms to walk on CPU for that model, against torch's 0.07-0.13 s for the optimizer). Anything else (another wrapper, state-dict
 hooks that rename or copy, an optimizer given new parameters, options other than a sharded save's) goes to torch's
 function every time. Both paths are public torch APIs.
 """
@@ -69,20 +70,27 @@ def model_state(model, options) -> dict:
 
 
 class _Names:
-    """What an optimizer's fast path rests on: its parameters by identity, how many hold state, and their FQNs in
-    the order of ``optimizer.state_dict()``'s positions."""
+    """What an optimizer's fast path rests on: its parameters by identity, how many hold state, the model's
+    parameters with their names (a module moved or renamed renames them), and the FQNs in the order of
+    ``optimizer.state_dict()``'s positions."""
 
-    def __init__(self, optimizer, fqns: list[str]):
+    def __init__(self, optimizer, model, fqns: list[str]):
         self.params = self.ids(optimizer)
         self.stateful = len(optimizer.state)
+        self.named = self.names(model)
         self.fqns = fqns
 
     @staticmethod
     def ids(optimizer) -> tuple:
         return tuple(tuple(id(p) for p in group["params"]) for group in optimizer.param_groups)
 
-    def hold(self, optimizer) -> bool:
-        return len(optimizer.state) == self.stateful and self.ids(optimizer) == self.params
+    @staticmethod
+    def names(model) -> tuple:
+        return tuple((name, id(p)) for name, p in model.named_parameters())
+
+    def hold(self, optimizer, model) -> bool:
+        return (len(optimizer.state) == self.stateful and self.ids(optimizer) == self.params
+                and self.names(model) == self.named)
 
 
 def _named(raw: dict, fqns: list[str]) -> dict:
@@ -114,7 +122,7 @@ def optimizer_state(model, optimizer, options) -> dict:
     known = _optimizers.get(optimizer, False)
     if known:
         owner, names = known
-        if owner() is model and names.hold(optimizer):
+        if owner() is model and names.hold(optimizer, model):
             return _named(optimizer.state_dict(), names.fqns)
     elif known is None:
         return get_optimizer_state_dict(model, optimizer, options=options)
@@ -124,5 +132,5 @@ def optimizer_state(model, optimizer, options) -> dict:
     positions = list(chain.from_iterable(group["params"] for group in raw["param_groups"]))
     agreed = (positions == list(range(len(fqns))) and len(set(fqns)) == len(fqns)
               and all(isinstance(fqn, str) for fqn in fqns) and _agrees(ref, _named(raw, fqns)))
-    _optimizers[optimizer] = (weakref.ref(model), _Names(optimizer, fqns)) if agreed else None
+    _optimizers[optimizer] = (weakref.ref(model), _Names(optimizer, model, fqns)) if agreed else None
     return ref
