@@ -31,8 +31,8 @@ calls (staging), and the slower steps beside the background writes (with queued 
 them falls there too). Each save's state dict is built as sprite's FSDP2Strategy builds a sharded save's (the
 shards left on the device, from the model's and optimizer's state_dict() once torch's functions agreed with them;
 --torch-state-dicts: torch's functions at every save; --lightning-offload: as Lightning's ModelParallelStrategy
-does, every shard copied to the host in the save call). A warm-up run with saves comes first: the first save of a run makes
-its pinned buffers and gloo group, a cost a long run pays once; it is printed apart.
+does, every shard copied to the host in the save call). A warm-up run with saves comes first: the first save of a
+run makes its pinned buffers and gloo group, a cost a long run pays once; it is printed apart.
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. After the timings,
 torch's own reader loads sprite's last sharded folder into a blank copy of the state, which must equal the state
 saved (the run fails otherwise).
@@ -465,10 +465,10 @@ def worker(args) -> None:
 
         from sprite import FSDP2Strategy
 
-        # what a sharded save of a fit asks torch for: sprite's FSDP2Strategy's options, or with
-        # --lightning-offload Lightning's ModelParallelStrategy's (every shard copied to the host in the call)
         from sprite.runtime.ckpt import state_dicts
 
+        # what a sharded save of a fit asks torch for: sprite's FSDP2Strategy's options, or with
+        # --lightning-offload Lightning's ModelParallelStrategy's (every shard copied to the host in the call)
         options = StateDictOptions(cpu_offload=True) if args.lightning_offload else \
             FSDP2Strategy.sharded_state_dict_options()
         if args.torch_state_dicts:  # torch's functions at every save (sprite before ckpt.state_dicts)

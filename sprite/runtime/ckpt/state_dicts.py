@@ -13,9 +13,9 @@ the same order and every tensor the same storage (model); the same positions nam
 parameter's state the same object (optimizer). Where it all agrees, later calls build the dict from
 ``state_dict()`` and the names learnt, as long as what they rest on is unchanged: the model's state-dict keys, the
 optimizer's parameters (by identity) and how many of them hold state, and the model's parameters with their names
-(4-5 ms to walk on CPU for that model, against torch's 0.07-0.13 s for the optimizer). Anything else (another wrapper, state-dict
-hooks that rename or copy, an optimizer given new parameters, options other than a sharded save's) goes to torch's
-function every time. Both paths are public torch APIs.
+(4-5 ms to walk on CPU for that model, against torch's 0.07-0.13 s for the optimizer). Anything else (another
+wrapper, state-dict hooks that rename or copy, an optimizer given new parameters, options other than a sharded
+save's) goes to torch's function every time. Both paths are public torch APIs.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def model_state(model, options) -> dict:
     if keys is None:
         return get_model_state_dict(model, options=options)
     raw = model.state_dict()
-    if keys and len(keys) == len(raw) and all(a == b for a, b in zip(keys, raw)):
+    if keys == tuple(raw):
         return raw
     ref = get_model_state_dict(model, options=options)
     agreed = list(ref) == list(raw) and all(_same(ref[key], raw[key]) for key in ref)
