@@ -31,8 +31,9 @@ calls (staging), and the slower steps beside the background writes (with queued 
 them falls there too). Each save's state dict is built as sprite's FSDP2Strategy builds a sharded save's (the
 shards left on the device, from the model's and optimizer's state_dict() once torch's functions agreed with them;
 --torch-state-dicts: torch's functions at every save; --lightning-offload: as Lightning's ModelParallelStrategy
-does, every shard copied to the host in the save call). A warm-up run with saves comes first: the first save of a
-run makes its pinned buffers and gloo group, a cost a long run pays once; it is printed apart.
+does, every shard copied to the host in the save call). Process mode stages into views of one block of shared
+memory (--buffer-per-tensor: a block each). A warm-up run with saves comes first: the first save of a run makes its
+pinned buffers and gloo group, a cost a long run pays once; it is printed apart.
 Times are medians over --repeats, baseline and sprite interleaved; each save goes to a new name. After the timings,
 torch's own reader loads sprite's last sharded folder into a blank copy of the state, which must equal the state
 saved (the run fails otherwise).
@@ -428,6 +429,10 @@ def worker(args) -> None:
         from sprite.runtime.ckpt import stage
 
         stage.QUEUED = False
+    if args.buffer_per_tensor:  # a block of shared memory for each buffer (sprite before stage.ONE_BLOCK)
+        from sprite.runtime.ckpt import stage
+
+        stage.ONE_BLOCK = False
     if args.shared_buffers:  # thread mode stages as process mode does: shared memory, cudaHostRegister'ed
         from sprite.runtime.ckpt import save as hashed_save
         from sprite.runtime.ckpt.stage import stager
@@ -464,6 +469,7 @@ def worker(args) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         from sprite import FSDP2Strategy
+        from sprite.integrity import digest
 
         from sprite.runtime.ckpt import state_dicts
 
@@ -489,7 +495,9 @@ def worker(args) -> None:
                "switch_interval": sys.getswitchinterval(),
                "plan_cache": not args.no_plan_cache and modes[0] == "thread",
                "copies": "waited for" if args.wait_copies else "queued",
-               "buffers": "shared" if args.shared_buffers or modes[0] == "process" else "pinned",
+               "buffers": ("shared, " + ("a block each" if args.buffer_per_tensor else "views of one block")
+                           if args.shared_buffers or modes[0] == "process" else "pinned"),
+               "hash_threads": digest.workers(),
                "state_dict": ("Lightning's (cpu_offload=True)" if args.lightning_offload else "FSDP2Strategy's")
                + (", torch's functions at every save" if args.torch_state_dicts else ""),
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],
@@ -504,7 +512,7 @@ def worker(args) -> None:
 
             stager = hashed_save.stager_of(modes[0])
             host = stager.host if stager else None
-            fit["pinned"] = f"{len(host.registered)} of {len(host.buffers)}" if host else "no stager"
+            fit["pinned"] = f"{len(host.registered)} block(s) for {len(host.buffers)} buffers" if host else "no stager"
     if rank == 0:
         medians = {fmt: {key: statistics.median(run[key] for run in rows) for key in rows[0]}
                    for fmt, rows in runs.items() if rows}
@@ -547,15 +555,22 @@ def main() -> int:
     parser.add_argument("--shared-buffers", action="store_true",
                         help="in thread mode, stage into shared memory registered with CUDA (as process mode does)"
                              " instead of pinned host buffers, for a before/after figure")
+    parser.add_argument("--buffer-per-tensor", action="store_true",
+                        help="stage shared buffers in a block of shared memory each instead of views of one block"
+                             " (sent to torch's checkpoint process as one descriptor each), for a before/after figure")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     if args.repeats < 1 or args.devices < 1 or args.every < 1 or args.steps < 0:
         parser.error("--repeats, --devices and --every must be 1 or more, --steps 0 or more")
-    if args.threads < 0 or not 0 <= args.switch_interval <= 1:  # Python refuses a switch interval of 0 or less
+    # Python refuses a switch interval of 0 or less
+    if args.threads < 0 or not 0 <= args.switch_interval <= 1:
         parser.error("--threads must be 0 or more and --switch-interval between 0 and 1 second (0: the default)")
     if args.shared_buffers and args.modes.split(",")[0] != "thread":
         parser.error("--shared-buffers changes thread mode's buffers: give --modes thread")
+    if args.buffer_per_tensor and not (args.shared_buffers or args.modes.split(",")[0] == "process"):
+        parser.error("--buffer-per-tensor changes shared buffers: give --modes process (or thread with"
+                     " --shared-buffers)")
     if args.worker:
         worker(args)
         return 0
@@ -567,17 +582,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=os.environ.get("SPRITE_BENCH_TMP")) as tmp:
         flags = {"script": os.path.abspath(__file__), "devices": args.devices, "strategy": "fsdp",
                  "accelerator": args.accelerator, "env": {"HF_HUB_OFFLINE": "1"},
-                 "args": ["--worker", "--out", tmp, "--model", args.model, "--accelerator", args.accelerator,
-                          "--repeats", str(args.repeats), "--modes", args.modes, "--formats", args.formats,
-                          "--steps", str(args.steps),
-                          "--every", str(args.every), "--batch", str(args.batch), "--seq", str(args.seq),
-                          "--threads", str(args.threads), "--switch-interval", str(args.switch_interval),
-                          *(["--no-plan-cache"] if args.no_plan_cache else []),
-                          *(["--wait-copies"] if args.wait_copies else []),
-                          *(["--shared-buffers"] if args.shared_buffers else []),
-                          *(["--lightning-offload"] if args.lightning_offload else []),
-                          *(["--torch-state-dicts"] if args.torch_state_dicts else []),
-                          *(["--steps-only"] if args.steps_only else [])]}
+                 # every rank gets this command's own options (argparse takes the last of a repeated one)
+                 "args": [*sys.argv[1:], "--worker", "--out", tmp]}
         plan = plan_run(flags)
         with tempfile.TemporaryFile("w+") as err:
             run = subprocess.Popen([resolve_program(plan), *plan.argv[1:]], env=environment(plan),
@@ -626,7 +632,8 @@ def report(result: dict, args) -> str:
         saves = fit["steps"] // fit["every"]
         rest = fit["ckpt"] - fit["no_ckpt"] - fit["waited"] - fit["staged"]
         lines.append(f"step time: {fit['steps']} steps with a sharded save ({fit['mode']}, {fit.get('threads')} files"
-                     f" a rank, switch interval {fit.get('switch_interval')} s, plans cached:"
+                     f" a rank, hashed on {fit.get('hash_threads')} threads,"
+                     f" switch interval {fit.get('switch_interval')} s, plans cached:"
                      f" {fit.get('plan_cache')}, device copies {fit.get('copies', 'waited for')}) every"
                      f" {fit['every']}:"
                      f" {fit['ckpt']:.3f} s vs {fit['no_ckpt']:.3f} s without checkpoints (ratio"

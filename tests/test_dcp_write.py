@@ -348,6 +348,8 @@ def test_sprites_stager_saves_again_and_again_reusing_its_buffers_while_steps_go
     assert [save["equal"] for save in saves] == [True, True, True] and saves[0]["keys"] >= 12
     assert saves[0]["dtensors"] >= 6  # the model's and the optimizer's sharded tensors
     assert saves[0]["addresses"] == saves[1]["addresses"] == saves[2]["addresses"]
+    # process mode: every buffer is a view of one block of shared memory, sent to torch's process as one descriptor
+    assert [save["blocks"] for save in saves] == ([1, 1, 1] if mode == "process" else [saves[0]["keys"]] * 3)
 
 
 GiB = 2**30

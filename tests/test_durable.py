@@ -216,17 +216,19 @@ def test_the_end_of_a_script_waits_for_the_background_thread(tmp_path):
     assert done.read_text() == "on disk"
 
 
-@pytest.mark.parametrize("bad", [["--repeats", "0"], ["--threads", "-1"], ["--switch-interval", "-0.001"],
-                                 ["--shared-buffers", "--modes", "process"],
-                                 ["--switch-interval", "5"]])
-def test_the_checkpoint_benchmark_refuses_a_bad_setting_in_one_line(bad):
+@pytest.mark.parametrize("name, bad", [*[("checkpoint_io.py", bad) for bad in (
+    ["--repeats", "0"], ["--threads", "-1"], ["--switch-interval", "-0.001"],
+    ["--shared-buffers", "--modes", "process"], ["--switch-interval", "5"],
+    ["--buffer-per-tensor", "--modes", "thread"])],
+    ("shared_send.py", ["--tensors", "0"]), ("shared_send.py", ["--sends", "-1"])])
+def test_the_checkpoint_benchmarks_refuse_a_bad_setting_in_one_line(name, bad):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "checkpoint_io.py"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / name
     run = subprocess.run([sys.executable, str(script), *bad], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
-    assert run.stderr.strip().splitlines()[-1].startswith("checkpoint_io.py: error: "), run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith(f"{name}: error: "), run.stderr
 
 
 def test_background_saves_get_a_gloo_group_in_a_one_rank_world_too(tmp_path):

@@ -108,16 +108,63 @@ def test_a_source_freed_before_its_queued_copy_ran_is_not_reused_meanwhile():
     assert torch.equal(copied["w"], want)
 
 
+def test_shared_buffers_are_views_of_one_block_laid_out_again_when_a_shape_changes():
+    """Process mode's buffers (shared): one block of shared memory holds every buffer, each at its own aligned
+    place; the next save of the same shapes reuses them; a changed shape lays every buffer out in a new block. A
+    Parameter is staged as its plain tensor, a sparse tensor is copied its own way (no buffer)."""
+    weight = torch.nn.Parameter(torch.randn(3, 5))
+    state = {"w": weight, "more": [torch.tensor(2.5), (torch.arange(7, dtype=torch.int16), "text")],
+             "sparse": torch.eye(3).to_sparse(), "none": torch.empty(0, 4)}
+    host = stage.HostCopy(shared=True)
+    first = host.copy(state)
+    assert torch.equal(first["w"], weight) and first["more"][0] == 2.5 and first["more"][1][1] == "text"
+    assert torch.equal(first["more"][1][0], torch.arange(7, dtype=torch.int16)) and first["sparse"].is_sparse
+    block = {buffer.untyped_storage().data_ptr() for buffer in host.buffers}
+    assert len(host.buffers) == 4 and len(block) == 1 and host.buffers[0].is_shared()
+    assert all(buffer.data_ptr() % stage.ALIGN == 0 for buffer in host.buffers if buffer.numel())
+    weight.data.add_(1)
+    again = host.copy(state)
+    assert [b.data_ptr() for b in again.values() if isinstance(b, torch.Tensor) and not b.is_sparse] == \
+        [first["w"].data_ptr(), first["none"].data_ptr()] and torch.equal(again["w"], weight)
+    state["none"] = torch.ones(2, 4)
+    moved = host.copy(state)
+    assert torch.equal(moved["none"], torch.ones(2, 4)) and torch.equal(moved["w"], weight)
+    assert len({buffer.untyped_storage().data_ptr() for buffer in host.buffers}) == 1
+    assert moved["w"].untyped_storage().data_ptr() not in block  # every buffer moved to the new block
+
+
+@pytest.mark.parametrize("one_block", [True, False])
+def test_a_shared_copy_reaches_another_process_as_one_descriptor_not_one_per_tensor(monkeypatch, one_block):
+    """What torch's pipe to its checkpoint process does with the staged state (multiprocessing's ForkingPickler,
+    torch's reductions): each shared storage becomes a descriptor fetched from this process (DupFd). One block:
+    one; a block each (ONE_BLOCK False, the benchmark's --buffer-per-tensor): one per tensor."""
+    from multiprocessing import reduction
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions)
+
+    monkeypatch.setattr(stage, "ONE_BLOCK", one_block)
+    sent, dup = [], reduction.DupFd
+    monkeypatch.setattr(reduction, "DupFd", lambda fd: sent.append(fd) or dup(fd))
+    copied = stage.HostCopy(shared=True).copy({f"t{n}": torch.full((n + 1,), float(n)) for n in range(12)})
+    back = reduction.ForkingPickler.loads(reduction.ForkingPickler.dumps(copied))
+    assert len(sent) == (1 if one_block else 12)
+    assert all(torch.equal(back[f"t{n}"], torch.full((n + 1,), float(n))) for n in range(12))
+
+
 @ON_CUDA
-def test_a_buffer_replaced_after_a_layout_change_is_unpinned_and_forgotten():
-    """A tensor whose shape changed between saves gets a new buffer; the one it replaces is unpinned
-    (cudaHostUnregister) and no longer listed, so the pinned memory does not grow save after save."""
+@pytest.mark.parametrize("one_block", [True, False])
+def test_a_buffer_replaced_after_a_layout_change_is_unpinned_and_forgotten(monkeypatch, one_block):
+    """A tensor whose shape changed between saves gets a new buffer (with ONE_BLOCK, every buffer a new block); the
+    memory it replaces is unpinned (cudaHostUnregister) and no longer listed, so the pinned memory does not grow
+    save after save."""
+    monkeypatch.setattr(stage, "ONE_BLOCK", one_block)
     host = stage.HostCopy(shared=True)
     host.copy({"w": torch.ones(1024, device="cuda")})
-    first = host.buffers[0]
-    assert any(mine is first for mine in host.registered)
+    first = host.registered[0]
+    assert len(host.registered) == 1 and first.data_ptr() == host.buffers[0].data_ptr()
     copied = host.copy({"w": torch.ones(2048, device="cuda")})
     assert copied["w"].shape == (2048,) and len(host.registered) == 1
     assert not any(mine is first for mine in host.registered)
+    assert host.registered[0].data_ptr() == host.buffers[0].data_ptr()
     host.release()
     assert host.registered == [] and host.buffers == []

@@ -7,7 +7,8 @@ MODE: torch's async checkpointer, "process" (the default) or "thread". DEVICE: "
 world) or "cuda" (gloo and NCCL). A two-layer model under FSDP2 and Adam; right after each save returns, optimizer
 steps change every value in place on the device (the copies off the device may still be queued, then), before the
 save is waited for. Writes OUT/result.json: per save, whether torch's reader loads the folder equal to the state at
-the save call, and the staged buffers' addresses (equal from save to save when they are reused).
+the save call, the staged buffers' addresses (equal from save to save when they are reused) and the number of
+blocks of memory they lie in.
 """
 
 import json
@@ -64,11 +65,12 @@ def main(out: str, mode: str = "process", device: str = "cpu") -> None:
         dcp.load(blank, checkpoint_id=folder)
         got = flat(blank)
         buffers = hashed_save._stagers[mode].host.buffers
+        locals_ = [b.to_local() if hasattr(b, "to_local") else b for b in buffers]
         saves.append({"equal": sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want),
                       "keys": len(want),
-                      "addresses": [b.to_local().data_ptr() if hasattr(b, "to_local") else b.data_ptr()
-                                    for b in buffers],
-                      "dtensors": sum(hasattr(b, "to_local") for b in buffers)})
+                      "addresses": [b.data_ptr() for b in locals_],
+                      "dtensors": sum(hasattr(b, "to_local") for b in buffers),
+                      "blocks": len({b.untyped_storage().data_ptr() for b in locals_ if b.numel()})})
     with open(os.path.join(out, "result.json"), "w") as f:
         json.dump(saves, f)
     dist.destroy_process_group()

@@ -25,6 +25,16 @@ shared memory, so the state reaches torch's checkpoint process as descriptors in
 pinned with ``torch.cuda.cudart().cudaHostRegister`` where CUDA is present, and kept from save to save (torch
 2.11's ``DefaultStager`` cannot stage twice, pytorch/pytorch#183413). A DTensor is staged as its copy on the CPU
 the first time (its mesh and placements kept), whose local tensor then gets each later save's copy.
+
+Shared buffers are views of one block of shared memory, laid out for the whole state at once
+(:meth:`HostCopy._lay_out`; again only when a tensor's shape, dtype or placement changed). torch's pipe to its
+checkpoint process pickles each shared storage as a descriptor that the process fetches from this rank's
+``multiprocessing.resource_sharer`` thread, one authenticated connection each, served by Python under this rank's
+GIL. With a block for each of a 0.5B model's 872 tensors, a Python-bound loop beside the hand-over lost 304 ms a
+save on two cores, against 15 ms with one block (benchmarks/shared_send.py, docs/runs/cpu-2026-12-04); on one H200
+one block sealed a save 2.26 s after its call against 2.92 s (docs/runs/h200-2026-12-04-c). ``ONE_BLOCK`` False:
+a block each, the benchmark's ``--buffer-per-tensor``. torch's writer copies each view out of the block before it
+saves it (a tensor is saved with its whole storage), in its own process.
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ import threading
 import torch
 
 QUEUED = True  # background saves queue their device copies (module docstring); False: they wait for them
+ONE_BLOCK = True  # shared buffers are views of one block of shared memory (module docstring); False: a block each
+ALIGN = 4096  # bytes: where each view of a block starts (a page: the device's copies into it stay aligned)
 
 _streams: dict = {}  # device -> the side stream its queued copies run on
 _unfenced: list = []  # (device, event) of queued copies no fence has ordered the loop's stream after yet
@@ -100,6 +112,7 @@ class HostCopy:
         """A copy of ``state`` whose tensors live in host memory of this process alone, complete on return."""
         self.devices, used = set(), [0]
         with torch.no_grad():
+            self._lay_out(state)
             out = self._copy(state, used)
         _synchronize(self.devices)
         return out
@@ -112,6 +125,7 @@ class HostCopy:
         self.devices, used, self._streams = set(), [0], {}
         try:
             with torch.no_grad():  # nothing here is differentiated; see _tensor
+                self._lay_out(state)
                 out = self._copy(state, used)
         finally:
             streams, self._streams = self._streams, None
@@ -125,6 +139,32 @@ class HostCopy:
         _synchronize(self.devices)  # copies from an accelerator other than CUDA, made on the loop's stream
         return out, Ticket(events)
 
+    def _lay_out(self, state) -> None:
+        """In shared mode (with ``ONE_BLOCK``), unless the buffers fit ``state``'s tensors already: make every buffer
+        anew, as a view of one new block of shared memory (module docstring), and let the old block go."""
+        if not (self.shared and ONE_BLOCK):
+            return
+        tensors = [tensor for tensor in _leaves(state) if _buffered(tensor)]
+        if len(tensors) == len(self.buffers) and all(map(_fits, self.buffers, tensors)):
+            return
+        starts, end = [], 0
+        for tensor in tensors:
+            starts.append(-(-end // ALIGN) * ALIGN)
+            end = starts[-1] + _local(tensor).nbytes
+        self.release()  # before the new block: /dev/shm need not hold both (the save before is done with it)
+        block = torch.empty(end, dtype=torch.uint8).share_memory_()
+        buffers = []
+        for tensor, start in zip(tensors, starts):
+            # a DTensor: its copy on the CPU keeps the mesh and placements (the data is copied again at every save)
+            buffer = tensor.to("cpu", copy=True) if _is_dtensor(tensor) else torch.empty(0, dtype=tensor.dtype)
+            mine = _local(buffer)
+            mine.set_(block.untyped_storage(), start // mine.element_size(), _local(tensor).shape)
+            buffers.append(buffer)
+        on_cuda = any(_local(tensor).device.type == "cuda" for tensor in tensors)
+        if end and on_cuda and _host_register(block):
+            self.registered.append(block)
+        self.buffers = buffers
+
     def _copy(self, value, used: list):
         if isinstance(value, torch.Tensor):
             return self._tensor(value, used)
@@ -135,7 +175,8 @@ class HostCopy:
                 out = {}
             for key, item in value.items():
                 out[key] = self._copy(item, used)
-            if hasattr(value, "__dict__") and hasattr(out, "__dict__"):  # an OrderedDict's _metadata, an AttributeDict's fields
+            # an OrderedDict's _metadata, an AttributeDict's fields
+            if hasattr(value, "__dict__") and hasattr(out, "__dict__"):
                 out.__dict__.update(copy.deepcopy(value.__dict__))
             return out
         if isinstance(value, list) and type(value) is list:
@@ -171,13 +212,12 @@ class HostCopy:
         if _is_dtensor(tensor):
             return self._dtensor(tensor, used)
         tensor = tensor.detach()
-        if type(tensor) is not torch.Tensor or tensor.layout != torch.strided:
+        if not _buffered(tensor):
             return copy.deepcopy(tensor.cpu())  # a subclass or sparse tensor: torch copies it its own way
         index = used[0]
         used[0] += 1
         buffer = self.buffers[index] if index < len(self.buffers) else None
-        if not isinstance(buffer, torch.Tensor) or _is_dtensor(buffer) or buffer.shape != tensor.shape \
-                or buffer.dtype != tensor.dtype:
+        if not _fits(buffer, tensor):
             buffer = self._new(tensor)
             self._put(index, buffer)
         self._into(buffer, tensor)
@@ -209,9 +249,7 @@ class HostCopy:
         used[0] += 1
         staged = self.buffers[index] if index < len(self.buffers) else None
         local = tensor.to_local()
-        if (staged is None or not _is_dtensor(staged) or staged.shape != tensor.shape or staged.dtype != tensor.dtype
-                or staged.placements != tensor.placements or staged.device_mesh != tensor.device_mesh
-                or staged.to_local().shape != local.shape):
+        if not _fits(staged, tensor):
             staged = tensor.to("cpu", copy=True)  # a copy even from CPU, where .cpu() would be the tensor itself
             mine = staged.to_local()  # the DTensor's own local tensor (no autograd here)
             if self.shared:
@@ -228,6 +266,43 @@ class HostCopy:
         for buffer in self.registered:
             torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
         self.registered, self.buffers = [], []
+
+
+def _leaves(value):
+    """The tensors in ``value``, in the order :meth:`HostCopy._copy` meets them."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif type(value) is list or type(value) is tuple:
+        for item in value:
+            yield from _leaves(item)
+
+
+def _buffered(tensor) -> bool:
+    """Whether ``tensor`` is staged into a buffer of :class:`HostCopy`: a DTensor, or one whose ``detach()`` is a plain
+    strided tensor (a Parameter's is)."""
+    if _is_dtensor(tensor):
+        return True
+    tensor = tensor.detach()
+    return type(tensor) is torch.Tensor and tensor.layout == torch.strided
+
+
+def _local(tensor) -> torch.Tensor:
+    """A DTensor's local tensor (its own, under ``no_grad``), else the tensor."""
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
+
+
+def _fits(buffer, tensor) -> bool:
+    """Whether ``buffer`` can take ``tensor``'s copy: the same kind, shape and dtype (and a DTensor's placements,
+    mesh and local shape)."""
+    if buffer is None or _is_dtensor(buffer) != _is_dtensor(tensor) or buffer.shape != tensor.shape \
+            or buffer.dtype != tensor.dtype:
+        return False
+    return not _is_dtensor(tensor) or (buffer.placements == tensor.placements
+                                       and buffer.device_mesh == tensor.device_mesh
+                                       and buffer.to_local().shape == tensor.to_local().shape)
 
 
 def _is_dtensor(tensor) -> bool:
