@@ -224,6 +224,10 @@ def test_checkpoint_writer_process_writes_sharded_saves_that_seal_and_hold_the_s
     assert set(writers("a").values()) == {"thread"} and len(writers("a")) == 4
     # the step-9 save (Lightning names it -v1: the changed folder of that name is still there)
     assert writers("c") == {"epoch=0-step=9-v1.ckpt": "process"}
+    # each rank's checkpoint process joined the run's rendezvous store (dcp_write.prefix_store; torch's own line)
+    joined = [line for line in (fsdp["c"].stdout + fsdp["c"].stderr).splitlines()
+              if "checkpoint background process with prefix store" in line]
+    assert sorted(line.split("]")[0] for line in joined) == ["[rank 0", "[rank 1"], joined
     by_thread, by_process = fsdp["ck"] / "epoch=0-step=9.ckpt", fsdp["root"] / "c_ck" / "epoch=0-step=9-v1.ckpt"
     assert integrity.verify(by_process).valid
     for name, folder in (("thread", by_thread), ("process", by_process)):

@@ -372,6 +372,22 @@ def test_unset_the_writer_is_process_on_cuda_with_room_in_dev_shm_else_thread_wi
         assert "larger /dev/shm" in why and "--checkpoint-writer thread" in why
 
 
+def test_torchs_checkpoint_processes_join_the_runs_store_where_master_addr_and_port_name_it():
+    """dcp_write.prefix_store: torch's DCP_USE_PREFIX_STORE=1 where MASTER_ADDR and a numeric MASTER_PORT are set
+    (torch asserts on both), nothing without them, and a value the user set stays."""
+    from sprite.runtime.ckpt.torch_names import DCP_PREFIX_STORE
+
+    env = {"MASTER_ADDR": "node1", "MASTER_PORT": "29500"}
+    dcp_write.prefix_store(env)
+    assert env[DCP_PREFIX_STORE] == "1"
+    for env in ({"MASTER_PORT": "29500"}, {"MASTER_ADDR": "node1"}, {"MASTER_ADDR": "node1", "MASTER_PORT": "x"}):
+        dcp_write.prefix_store(env)
+        assert DCP_PREFIX_STORE not in env, env
+    env = {"MASTER_ADDR": "node1", "MASTER_PORT": "29500", DCP_PREFIX_STORE: "0"}
+    dcp_write.prefix_store(env)
+    assert env[DCP_PREFIX_STORE] == "0"
+
+
 def test_the_pick_is_made_once_a_process_group_from_the_state_and_made_again_for_the_next_group(monkeypatch, capsys):
     """mode() picks at the first save of a process group (a CPU state here: thread, no line), keeps that pick for
     later saves whatever their state, and forgets it with the group (new_group); before any save it says thread

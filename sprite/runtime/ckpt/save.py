@@ -226,6 +226,8 @@ def _async_dcp(state: dict, path, group) -> Pending:
     # sprite's stager in both modes (dcp_write's docstring: torch 2.11 cannot reuse its own in process mode; the
     # queued copies, sprite.runtime.ckpt.stage); process mode takes torch's default planner
     staging = _stagers.get(mode) or _stagers.setdefault(mode, stager(shared=mode == "process"))
+    if mode == "process":
+        dcp_write.prefix_store()  # read by torch as it starts its checkpoint process, at the first save
     planner = None if mode == "process" else dcp_write.planner(state)
     with paused_gc():
         started = async_save(state, checkpoint_id=path, storage_writer=dcp_write.writer(path), process_group=group,

@@ -26,6 +26,14 @@ PRIVATE = (
     ("torch._C._distributed_c10d", "_dump_fr_trace_json", "hang.recorder: the flight recorder's collectives"),
 )
 
+# torch's environment variable that makes its checkpoint processes (process mode) join the run's own TCPStore at
+# MASTER_ADDR:MASTER_PORT under a prefix, instead of a store on a port rank 0 picks by binding port 0 and lets go for
+# its checkpoint process to bind later (another process may take it meanwhile: EADDRINUSE at the first save). Read by
+# torch/distributed/checkpoint/_async_process_executor.py (_ProcessGroupInitInfo), checked on 2.11.0
+# (docs/runs/h200-2026-12-04-c) and 2.13.0 (tests/test_ckpt_resume.py); if torch stops reading it, it picks a port as
+# before. Set by dcp_write.prefix_store.
+DCP_PREFIX_STORE = "DCP_USE_PREFIX_STORE"
+
 # Python logging's name for torch.distributed.checkpoint's logger: torch sets it to DEBUG with a NullHandler
 # (torch/distributed/c10d_logger.py), so every staged item builds log records nobody reads; dcp_write raises it.
 DCP_LOGGER = "c10d-NullHandler-dcp_logger"
