@@ -151,7 +151,8 @@ class HostCopy:
         for tensor in tensors:
             starts.append(-(-end // ALIGN) * ALIGN)
             end = starts[-1] + _local(tensor).nbytes
-        self.release()  # before the new block: /dev/shm need not hold both (the save before is done with it)
+        # this rank's hold on the old block goes first (torch's process keeps the save before's until the next comes)
+        self.release()
         block = torch.empty(end, dtype=torch.uint8).share_memory_()
         buffers = []
         for tensor, start in zip(tensors, starts):
