@@ -133,6 +133,38 @@ def test_shared_buffers_are_views_of_one_block_laid_out_again_when_a_shape_chang
     assert moved["w"].untyped_storage().data_ptr() not in block  # every buffer moved to the new block
 
 
+def test_a_block_that_dev_shm_lacks_room_for_is_refused_in_one_line_before_anything_is_copied(monkeypatch):
+    """Shared memory written past /dev/shm's room kills the rank with SIGBUS. A state that grew since the first save
+    (an optimizer's moments, made at its first step) needs a larger block while torch's process still holds the old
+    one: the save is refused with what, why and the fix, and the buffers of the save before stay as they were."""
+    from sprite.runtime.ckpt import dcp_write, durable
+
+    free = [10 << 20]
+    monkeypatch.setattr(dcp_write, "shm_free", lambda: free[0])
+    host = stage.HostCopy(shared=True)
+    first = host.copy({"w": torch.ones(1024)})  # 4 KiB: fits
+    kept = host.buffers[0].data_ptr()
+    free[0] = 8 << 20
+    with pytest.raises(durable.SaveFailed) as refused:
+        host.copy({"w": torch.ones(1024), "exp_avg": torch.ones(3 << 20)})  # 12 MiB more
+    message = str(refused.value)
+    assert "needs 0.01 GiB of shared memory" in message and "/dev/shm has 0.01 GiB free" in message
+    assert "still holds the save before's copy" in message and "previous checkpoint is kept" in message
+    assert "--checkpoint-writer thread" in message and "\n" not in message and len(message) < 700
+    assert len(host.buffers) == 1 and host.buffers[0].data_ptr() == kept and torch.equal(first["w"], torch.ones(1024))
+    with pytest.raises(durable.SaveFailed) as first_save:  # a first layout: no block held before it
+        stage.HostCopy(shared=True).copy({"exp_avg": torch.ones(3 << 20)})
+    assert "still holds" not in str(first_save.value)
+    free[0] = 13 << 20
+    grown = host.copy({"w": torch.ones(1024), "exp_avg": torch.ones(3 << 20)})
+    assert torch.equal(grown["exp_avg"], torch.ones(3 << 20)) and host.buffers[0].data_ptr() != kept
+    free[0] = 0  # a save of unchanged shapes takes no new block and asks for no room
+    assert torch.equal(host.copy({"w": torch.zeros(1024), "exp_avg": torch.ones(3 << 20)})["w"], torch.zeros(1024))
+    monkeypatch.setattr(dcp_write, "shm_free", lambda: None)  # no /dev/shm: torch shares memory its own way there
+    assert stage.HostCopy(shared=True).copy({"w": torch.ones(4)})["w"].sum() == 4
+    assert stage.HostCopy().copy({"w": torch.ones(4)})["w"].sum() == 4  # unshared buffers: no room asked for
+
+
 @pytest.mark.parametrize("one_block", [True, False])
 def test_a_shared_copy_reaches_another_process_as_one_descriptor_not_one_per_tensor(monkeypatch, one_block):
     """What torch's pipe to its checkpoint process does with the staged state (multiprocessing's ForkingPickler,

@@ -151,6 +151,7 @@ class HostCopy:
         for tensor in tensors:
             starts.append(-(-end // ALIGN) * ALIGN)
             end = starts[-1] + _local(tensor).nbytes
+        _room(end, again=bool(self.buffers))
         # this rank's hold on the old block goes first (torch's process keeps the save before's until the next comes)
         self.release()
         block = torch.empty(end, dtype=torch.uint8).share_memory_()
@@ -267,6 +268,31 @@ class HostCopy:
         for buffer in self.registered:
             torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
         self.registered, self.buffers = [], []
+
+
+def _room(nbytes: int, again: bool) -> None:
+    """Raises SaveFailed, before a byte is copied, where ``/dev/shm`` has less than ``nbytes`` free for a new block
+    (``again``: one that replaces a block of an earlier save). Pages of shared memory are taken as they are first
+    written, and one written past tmpfs's room kills the rank with SIGBUS, a death without a word of why. The
+    process-mode writer was picked with room for the first save's state and a quarter spare
+    (``sprite.runtime.ckpt.dcp_write.default_mode``); a state that grew since (an optimizer's moments made at its first
+    step, after a save before it) can lack it, the more so as torch's checkpoint process holds the previous block
+    until the next save reaches it."""
+    from sprite.runtime.ckpt import dcp_write
+
+    free = dcp_write.shm_free()
+    if free is None or free >= nbytes:
+        return
+    from sprite.runtime.ckpt import durable
+
+    held = " (torch's checkpoint process still holds the save before's copy of the state until this one reaches " \
+           "it, and the state's layout changed since)" if again else ""
+    raise durable.SaveFailed(
+        f"A checkpoint was not saved: this rank's copy of the state needs {nbytes / 2**30:.2f} GiB of shared memory "
+        f"for torch's checkpoint process, and {dcp_write.SHM} has {free / 2**30:.2f} GiB free{held}.",
+        "The state grew since the process writer was picked, or other processes filled /dev/shm; the previous "
+        "checkpoint is kept.",
+        f"Give the job a larger {dcp_write.SHM}, or pass --checkpoint-writer thread, then resume with --resume auto.")
 
 
 def _leaves(value):
