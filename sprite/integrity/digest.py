@@ -76,38 +76,6 @@ def open_file(fd: int, beside=None) -> dict:
     return _describe([fd], beside)[0]
 
 
-class Growing:
-    """The description of a file while it is written: each ``CHUNK``-byte piece is hashed on a pool of threads
-    (read back with ``os.pread`` from the page cache) as soon as the writer says it is in the file, so that by the
-    end only the last piece is left to hash. The result is what :func:`open_file` would give for the finished file.
-    """
-
-    def __init__(self, fd: int):
-        self.fd, self.hashed = fd, 0
-        self.pool = ThreadPoolExecutor(max_workers=workers())
-        self.jobs: list = []
-
-    def written(self, size: int) -> None:
-        """The file's first ``size`` bytes are written (flushed to the file) and will not change."""
-        while size - self.hashed >= CHUNK:
-            self.jobs.append(self.pool.submit(_hash_range, self.fd, self.hashed, CHUNK))
-            self.hashed += CHUNK
-
-    def entry(self) -> dict:
-        """The finished file's description (its size is the file's size now). Raises OSError as open_file does."""
-        size = os.fstat(self.fd).st_size
-        try:
-            if size > self.hashed or not self.jobs:
-                self.jobs.append(self.pool.submit(_hash_range, self.fd, self.hashed, size - self.hashed))
-            return _entry(size, [job.result() for job in self.jobs])
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stop (waits for a piece being hashed; pieces not started are dropped)."""
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-
 def _describe(fds: list[int], beside=None) -> list[dict]:
     sizes = [os.fstat(fd).st_size for fd in fds]
     jobs = [(fd, start, length) for fd, size in zip(fds, sizes) for start, length in _pieces(size)]
