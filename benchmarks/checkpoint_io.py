@@ -404,6 +404,7 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
 _FIT_SAVES = [0]
 
 
+
 def _writer(mode: str) -> None:
     """Background saves from here on are written in ``mode``, as ``sprite run --checkpoint-writer`` sets it."""
     from sprite import contract
@@ -421,6 +422,10 @@ def worker(args) -> None:
 
     if args.threads:
         dcp_write.MAX_THREADS = args.threads
+    if args.hash_threads:
+        from sprite.integrity import digest
+
+        digest.workers = lambda: args.hash_threads
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     if args.no_plan_cache:  # torch's default planner, which plans every save afresh (sprite before plan caching)
@@ -537,6 +542,8 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=8)
     parser.add_argument("--steps-only", action="store_true", help="measure the step-time comparison alone")
     parser.add_argument("--threads", type=int, default=0, help="files each rank writes in parallel (0: sprite's)")
+    parser.add_argument("--hash-threads", type=int, default=0,
+                        help="threads each rank hashes its files on (0: sprite's digest.workers())")
     parser.add_argument("--switch-interval", type=float, default=0.0,
                         help="Python's thread switch interval in the ranks, seconds (0: Python's default)")
     parser.add_argument("--wait-copies", action="store_true",
@@ -564,8 +571,9 @@ def main() -> int:
     if args.repeats < 1 or args.devices < 1 or args.every < 1 or args.steps < 0:
         parser.error("--repeats, --devices and --every must be 1 or more, --steps 0 or more")
     # Python refuses a switch interval of 0 or less
-    if args.threads < 0 or not 0 <= args.switch_interval <= 1:
-        parser.error("--threads must be 0 or more and --switch-interval between 0 and 1 second (0: the default)")
+    if min(args.threads, args.hash_threads) < 0 or not 0 <= args.switch_interval <= 1:
+        parser.error("--threads and --hash-threads must be 0 or more and --switch-interval between 0 and 1 second"
+                     " (0: the default)")
     if args.shared_buffers and args.modes.split(",")[0] != "thread":
         parser.error("--shared-buffers changes thread mode's buffers: give --modes thread")
     if args.buffer_per_tensor and not (args.shared_buffers or args.modes.split(",")[0] == "process"):

@@ -219,8 +219,9 @@ def test_the_end_of_a_script_waits_for_the_background_thread(tmp_path):
 @pytest.mark.parametrize("name, bad", [*[("checkpoint_io.py", bad) for bad in (
     ["--repeats", "0"], ["--threads", "-1"], ["--switch-interval", "-0.001"],
     ["--shared-buffers", "--modes", "process"], ["--switch-interval", "5"],
-    ["--buffer-per-tensor", "--modes", "thread"])],
-    ("shared_send.py", ["--tensors", "0"]), ("shared_send.py", ["--sends", "-1"])])
+    ["--buffer-per-tensor", "--modes", "thread"], ["--hash-threads", "-2"])],
+    ("shared_send.py", ["--tensors", "0"]), ("shared_send.py", ["--sends", "-1"]),
+    *[("hash_beside.py", bad) for bad in (["--threads", "4,x"], ["--threads", "0"], ["--gib", "0"])]])
 def test_the_checkpoint_benchmarks_refuse_a_bad_setting_in_one_line(name, bad):
     import subprocess
     import sys
