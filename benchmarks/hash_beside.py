@@ -27,18 +27,8 @@ import threading
 import time
 
 
-def _step(value):
-    for _ in range(100):
-        value = value * 1.0001 + 0.1
-    return value
-
-
-def _alone(steps: int, value) -> float:
-    """Seconds a step of the loop takes with nothing beside it."""
-    start = time.perf_counter()
-    for _ in range(steps):
-        value = _step(value)
-    return (time.perf_counter() - start) / steps
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shared_send import _alone, _step  # noqa: E402  (the same Python-bound loop, beside a send there)
 
 
 def _hash(path: str, threads: int) -> float:
@@ -83,18 +73,18 @@ def main() -> int:
             sorted({max(1, cores >> shift) for shift in range(cores.bit_length())}, reverse=True)
     except ValueError:
         parser.error(f"--threads takes counts separated by commas, not {args.threads!r}")
-    if min(counts) < 1 or min(args.repeats, args.passes, args.steps) < 1 or not 0 < args.gib <= 64:
-        parser.error("--threads counts, --repeats, --passes and --steps must be 1 or more, --gib above 0 and at"
-                     " most 64")
+    if min(counts) < 1 or min(args.repeats, args.passes, args.steps) < 1 or not 1 / 1024 <= args.gib <= 64:
+        parser.error("--threads counts, --repeats, --passes and --steps must be 1 or more, --gib from 1/1024 (a MiB)"
+                     " to 64")
     import torch
 
     torch.set_num_threads(1)
     value = torch.ones(64)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = os.path.join(tmp, "shard.distcp")
-        block = os.urandom(1 << 20) * 64
+        block = os.urandom(1 << 20)
         with open(path, "wb") as out:
-            for _ in range(int(args.gib * 16)):
+            for _ in range(round(args.gib * 1024)):  # MiB
                 out.write(block)
         size = os.path.getsize(path)
         _hash(path, cores)  # read once: the page cache holds it, as it holds a file just written

@@ -232,6 +232,21 @@ def test_the_checkpoint_benchmarks_refuse_a_bad_setting_in_one_line(name, bad):
     assert run.stderr.strip().splitlines()[-1].startswith(f"{name}: error: "), run.stderr
 
 
+def test_the_hashing_benchmark_prints_a_line_for_each_thread_count():
+    """benchmarks/hash_beside.py end to end on a small file: the loop it times comes from shared_send.py beside it."""
+    import re
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "hash_beside.py"
+    run = subprocess.run([sys.executable, str(script), "--gib", "0.02", "--repeats", "1", "--passes", "1",
+                          "--steps", "20", "--threads", "2,1"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = re.findall(r"^ +(\d+) threads: hash [\d.]+ s .* lost [\d.]+% of its speed, [\d.]+ ms a GiB hashed$",
+                      run.stdout, re.M)
+    assert rows == ["2", "1"], run.stdout
+
+
 def test_background_saves_get_a_gloo_group_in_a_one_rank_world_too(tmp_path):
     """dcp.async_save refuses a default group without a CPU backend, as a 1-rank NCCL world has (seen on one
     H200 with torch 2.11): background saves use a gloo group of their own at every world size."""
