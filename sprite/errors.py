@@ -72,6 +72,18 @@ def preview(items, limit: int = 4) -> str:
     return head + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
+def size_text(size: int | None) -> str:
+    """A byte count as a person reads it: "512 B", "129.3 KiB", "1.9 GiB"; "-" for None."""
+    if size is None:
+        return "-"
+    if size < 1024:
+        return f"{size} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}"
+
+
 MAX_MESSAGE = 2000  # characters of one printed error line; longer messages are cut with a note
 
 

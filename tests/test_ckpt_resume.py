@@ -207,6 +207,28 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def test_a_process_mode_save_that_dev_shm_lacks_room_for_fails_the_run_in_one_line_and_keeps_the_one_before(
+        sprite_cmd, tmp_path):
+    """A state that grows after a save in torch's checkpoint process (a buffer made at step 4) is laid out again,
+    larger, at the next save, while /dev/shm (a fake, from inside the script) has no room left: that save is
+    refused in one line before a byte is copied, the run exits 1, and the save before stays valid."""
+    ckpt = tmp_path / "ck"
+    start = ckpt / "epoch=0-step=3.ckpt"
+    result = fit(sprite_cmd, tmp_path, "g", ["--strategy", "fsdp", "--checkpoint-writer", "process"], ckpt,
+                 "--max-steps", "9", "--grow-at-step", "4")
+    log = result.stdout + result.stderr
+    assert result.returncode == 1, log[-3000:]
+    errors = [line for line in log.splitlines()
+              if "sprite: error:" in line and "of shared memory for torch's checkpoint process" in line]
+    assert errors and all(len(line) < 900 for line in errors), log[-3000:]
+    assert "/dev/shm has 0 B free" in errors[0] and "still holds the save before's copy" in errors[0]
+    assert "--checkpoint-writer thread" in errors[0] and "previous checkpoint is kept" in errors[0]
+    verdict = integrity.verify(start)
+    assert verdict.valid, verdict.reason
+    grown = ckpt / "epoch=0-step=6.ckpt"
+    assert not grown.exists() or not integrity.verify(grown).valid
+
+
 def test_checkpoint_writer_process_writes_sharded_saves_that_seal_and_hold_the_same_state(fsdp, tmp_path):
     """``--checkpoint-writer process``: the resumed fit's sharded save at step 9 is written by torch's checkpoint
     process and sealed; it holds, bit for bit, what the first fit's save at step 9 (written by a thread of each

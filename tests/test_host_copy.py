@@ -135,7 +135,7 @@ def test_shared_buffers_are_views_of_one_block_laid_out_again_when_a_shape_chang
 
 def test_a_block_that_dev_shm_lacks_room_for_is_refused_in_one_line_before_anything_is_copied(monkeypatch):
     """Shared memory written past /dev/shm's room kills the rank with SIGBUS. A state that grew since the first save
-    (an optimizer's moments, made at its first step) needs a larger block while torch's process still holds the old
+    (a buffer made mid-fit) needs a larger block while torch's process still holds the old
     one: the save is refused with what, why and the fix, and the buffers of the save before stay as they were."""
     from sprite.runtime.ckpt import dcp_write, durable
 
@@ -148,7 +148,7 @@ def test_a_block_that_dev_shm_lacks_room_for_is_refused_in_one_line_before_anyth
     with pytest.raises(durable.SaveFailed) as refused:
         host.copy({"w": torch.ones(1024), "exp_avg": torch.ones(3 << 20)})  # 12 MiB more
     message = str(refused.value)
-    assert "needs 0.01 GiB of shared memory" in message and "/dev/shm has 0.01 GiB free" in message
+    assert "needs 12.0 MiB of shared memory" in message and "/dev/shm has 8.0 MiB free" in message
     assert "still holds the save before's copy" in message and "previous checkpoint is kept" in message
     assert "--checkpoint-writer thread" in message and "\n" not in message and len(message) < 700
     assert len(host.buffers) == 1 and host.buffers[0].data_ptr() == kept and torch.equal(first["w"], torch.ones(1024))

@@ -15,21 +15,10 @@ from pathlib import Path
 
 import typer
 
-from sprite.errors import EXIT_CHECK_FAILED, UsageError, report
+from sprite.errors import EXIT_CHECK_FAILED, UsageError, report, size_text
 
 app = typer.Typer(name="ckpt", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="Verify checkpoints against the manifests sprite writes when it saves them.")
-
-
-def _size(size) -> str:
-    if size is None:
-        return "-"
-    if size < 1024:
-        return f"{size} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024
-        if size < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}"
 
 
 def _exists(path: str, what: str) -> Path:
@@ -51,7 +40,7 @@ def verify(path: str = typer.Argument(..., help="checkpoint file or folder")) ->
         print(report(IntegrityError(f"invalid checkpoint: {entry.reason}.", "It was cut short or changed after"
                                     " the save.", "Use another checkpoint.")), file=sys.stderr, flush=True)
         raise typer.Exit(EXIT_CHECK_FAILED)
-    typer.echo(f"valid: {path} (step {entry.step}, epoch {entry.epoch}, {_size(entry.size)})")
+    typer.echo(f"valid: {path} (step {entry.step}, epoch {entry.epoch}, {size_text(entry.size)})")
 
 
 @app.command("list", help="List the checkpoints in DIR, newest first: step, epoch, size, and valid or why not."
@@ -79,7 +68,7 @@ def _table(entries, folder: str) -> None:
         table.add_column(column, overflow="fold")
     for entry in entries:
         status = "valid" if entry.valid else f"invalid: {entry.reason}"
-        table.add_row(entry.path.name, _text(entry.step), _text(entry.epoch), _size(entry.size), status)
+        table.add_row(entry.path.name, _text(entry.step), _text(entry.epoch), size_text(entry.size), status)
     Console(width=max(120, Console().width)).print(table)
 
 

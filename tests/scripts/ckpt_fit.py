@@ -7,7 +7,8 @@ Nothing here knows about sprite's manifests or resume: sprite's runtime seals th
 rank 0 saves the final trainable weights to OUT/final-<tag>.pt. ``--crash-at-save K`` makes rank 0 write half of
 its K-th checkpoint file (counted in this process) and SIGKILL itself: a save cut short in the middle.
 ``--hold-at-step K --hold-dir DIR`` makes every rank, at the start of global step K, write DIR/held-rank<N> and
-wait for DIR/go: a test sends its signal while the ranks are known to be at that step.
+wait for DIR/go: a test sends its signal while the ranks are known to be at that step. ``--grow-at-step K``: see
+:func:`grow`.
 """
 
 import argparse
@@ -25,16 +26,18 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Net(L.LightningModule):
-    def __init__(self, out: str, tag: str, hold: tuple = (-1, ""), count_batches: bool = False):
+    def __init__(self, out: str, tag: str, hold: tuple = (-1, ""), count_batches: bool = False, grow_at: int = -1):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.3), nn.Linear(32, 1))
-        self.out, self.tag, self.hold = out, tag, hold
+        self.out, self.tag, self.hold, self.grow_at = out, tag, hold, grow_at
         if count_batches:  # kept by the module's own on_train_batch_end
             self.register_buffer("batches_seen", torch.zeros((), dtype=torch.long))
 
     def training_step(self, batch, batch_idx):
         if self.global_step == self.hold[0]:
             hold_here(self.hold[1], self.global_rank)
+        if self.global_step == self.grow_at and not hasattr(self, "grown"):
+            grow(self)
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("progress", float(self.global_step))
@@ -50,6 +53,15 @@ class Net(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+
+def grow(module) -> None:
+    """The state grows mid-fit (a buffer made late, as an average of the weights started after N steps is), and,
+    a fake of /dev/shm filled up meanwhile, sprite's ``dcp_write.shm_free`` reports 0 bytes free in this rank."""
+    from sprite.runtime.ckpt import dcp_write
+
+    module.register_buffer("grown", torch.zeros(4096))
+    dcp_write.shm_free = lambda: 0
 
 
 def hold_here(folder: str, rank: int, limit: float = 300.0) -> None:
@@ -90,6 +102,8 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=-1, help="keep only the K newest (monitor: progress)")
     parser.add_argument("--save-last", action="store_true")
     parser.add_argument("--save-after-fit", default="", help="trainer.save_checkpoint(PATH) once fit returned")
+    parser.add_argument("--grow-at-step", type=int, default=-1,
+                        help="at this global step a buffer joins the state and /dev/shm looks full to sprite (a fake)")
     parser.add_argument("--full-state", action="store_true", help="FSDP2: one full-state file, not a DCP folder")
     parser.add_argument("--count-batches", action="store_true", help="a buffer the module's own hook counts in")
     parser.add_argument("--hold-at-step", type=int, default=-1)
@@ -110,7 +124,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(64, 8, generator=gen)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
-    model = Net(args.out, args.tag, (args.hold_at_step, args.hold_dir), args.count_batches)
+    model = Net(args.out, args.tag, (args.hold_at_step, args.hold_dir), args.count_batches, args.grow_at_step)
     checkpoints = ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every, save_top_k=args.top_k,
                                   monitor="progress" if args.top_k > 0 else None, mode="max", save_last=args.save_last)
     extra = {}

@@ -275,21 +275,21 @@ def _room(nbytes: int, again: bool) -> None:
     (``again``: one that replaces a block of an earlier save). Pages of shared memory are taken as they are first
     written, and one written past tmpfs's room kills the rank with SIGBUS, a death without a word of why. The
     process-mode writer was picked with room for the first save's state and a quarter spare
-    (``sprite.runtime.ckpt.dcp_write.default_mode``); a state that grew since (an optimizer's moments made at its first
-    step, after a save before it) can lack it, the more so as torch's checkpoint process holds the previous block
-    until the next save reaches it."""
+    (``sprite.runtime.ckpt.dcp_write.default_mode``); a state that grew since (a buffer the model made mid-fit, say)
+    can lack it, the more so as torch's checkpoint process holds the previous block until the next save reaches it."""
     from sprite.runtime.ckpt import dcp_write
 
     free = dcp_write.shm_free()
     if free is None or free >= nbytes:
         return
+    from sprite.errors import size_text
     from sprite.runtime.ckpt import durable
 
     held = " (torch's checkpoint process still holds the save before's copy of the state until this one reaches " \
            "it, and the state's layout changed since)" if again else ""
     raise durable.SaveFailed(
-        f"A checkpoint was not saved: this rank's copy of the state needs {nbytes / 2**30:.2f} GiB of shared memory "
-        f"for torch's checkpoint process, and {dcp_write.SHM} has {free / 2**30:.2f} GiB free{held}.",
+        f"A checkpoint was not saved: this rank's copy of the state needs {size_text(nbytes)} of shared memory for "
+        f"torch's checkpoint process, and {dcp_write.SHM} has {size_text(free)} free{held}.",
         "The state grew since the process writer was picked, or other processes filled /dev/shm; the previous "
         "checkpoint is kept.",
         f"Give the job a larger {dcp_write.SHM}, or pass --checkpoint-writer thread, then resume with --resume auto.")
