@@ -404,6 +404,17 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
 _FIT_SAVES = [0]
 
 
+def _on_a_thread(fn):
+    """``fn()`` as called on a thread other than the main one (as a background save's jobs are)."""
+    import threading
+
+    got = []
+    thread = threading.Thread(target=lambda: got.append(fn()))
+    thread.start()
+    thread.join()
+    return got[0]
+
+
 
 def _writer(mode: str) -> None:
     """Background saves from here on are written in ``mode``, as ``sprite run --checkpoint-writer`` sets it."""
@@ -502,7 +513,7 @@ def worker(args) -> None:
                "copies": "waited for" if args.wait_copies else "queued",
                "buffers": ("shared, " + ("a block each" if args.buffer_per_tensor else "views of one block")
                            if args.shared_buffers or modes[0] == "process" else "pinned"),
-               "hash_threads": digest.workers(),
+               "hash_threads": _on_a_thread(digest.workers),  # the count a background save hashes on
                "state_dict": ("Lightning's (cpu_offload=True)" if args.lightning_offload else "FSDP2Strategy's")
                + (", torch's functions at every save" if args.torch_state_dicts else ""),
                "no_ckpt": statistics.median(run["seconds"] for run in plain), "ckpt": middle["seconds"],

@@ -93,7 +93,6 @@ def test_a_large_file_is_described_by_the_sha256_of_each_piece(tmp_path, monkeyp
     with open(tmp_path / "big", "rb") as f, pytest.raises(OSError, match="disk full"):
         digest.open_file(f.fileno(), beside=lambda: (_ for _ in ()).throw(OSError("disk full")))  # a failed fsync
     assert integrity.describe(tmp_path, []) == {}  # a rank that wrote no file of a save describes none
-    assert digest.workers() == min(digest.MAX_WORKERS, len(os.sched_getaffinity(0)))
     (tmp_path / "small").write_bytes(data[:4096])  # one piece: the whole-file digest, as sha256sum prints
     assert digest.files([tmp_path / "small"]) == [{"size": 4096, "sha256": hashlib.sha256(data[:4096]).hexdigest()}]
     integrity.seal(tmp_path / "big", {"step": 1})
@@ -191,3 +190,32 @@ def test_any_single_flipped_byte_in_a_sealed_folder_is_detected(sealed_bytes, wh
         data[position % len(data)] ^= mask
         victim.write_bytes(bytes(data))
         assert not integrity.verify(ckpt).valid
+
+
+def test_hashing_threads_share_the_nodes_cores_and_leave_the_training_loop_some_beside_it(monkeypatch):
+    """The main thread (a verify, a synchronous save) hashes on the rank's share of the cores; a background save's
+    thread leaves ``SPARE`` of them to the training loop (benchmarks/hash_beside.py); never fewer than 1."""
+    import threading
+
+    from sprite.integrity import digest
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+    def beside() -> int:
+        got = []
+        thread = threading.Thread(target=lambda: got.append(digest.workers()))
+        thread.start()
+        thread.join()
+        return got[0]
+
+    assert digest.rank_cores() == 16 and digest.workers() == 16 and beside() == 16 - digest.SPARE
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert digest.rank_cores() == 4 and digest.workers() == 4 and beside() == 4 - digest.SPARE
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "12")
+    assert digest.rank_cores() == 1 and digest.workers() == 1 and beside() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")  # not sprite's: taken as one rank
+    assert digest.rank_cores() == 16
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert digest.workers() == digest.MAX_WORKERS

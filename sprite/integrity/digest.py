@@ -12,20 +12,39 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 CHUNK = 64 << 20  # bytes per separately hashed piece of a large file
 MAX_WORKERS = 32  # hashing scales with cores (2 GB, 16-core H200 host: 8 threads ~0.26 s, 16 ~0.14 s; docs/runs)
+# Cores a hashing pool started on a thread other than the main one leaves to the rest of its process: a background
+# save's hashing runs beside the training loop. Measured beside a Python-bound loop (benchmarks/hash_beside.py): on a
+# 16-core H200 host the loop lost 49-64% of its speed while 16 threads hashed (51-76 ms a GiB hashed), 12-25% with 15
+# or 14 (13-30 ms a GiB), whose hashing took 2-7% longer (docs/runs/h200-2026-12-04-d, call 6); on 2 cores 37-48%
+# with 2 threads, 0-7% with 1 (docs/runs/cpu-2026-12-04/hash_beside.txt).
+SPARE = 2
 _READ = 4 << 20  # bytes per read inside a piece (bounded memory per thread)
 
 
-def workers() -> int:
-    """Threads used for hashing: the cores this process may run on, at most ``MAX_WORKERS``."""
+def rank_cores(env=os.environ) -> int:
+    """The cores this process may run on (its affinity), shared with the other ranks of its node
+    (``LOCAL_WORLD_SIZE``, which every rank sprite launches has; 1 outside a rank): at least 1."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, min(MAX_WORKERS, cores))
+    try:
+        local = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    except ValueError:
+        local = 1
+    return max(1, cores // local)
+
+
+def workers() -> int:
+    """Threads used for hashing: :func:`rank_cores`, less ``SPARE`` when called on a thread other than the main one
+    (beside the training loop), at most ``MAX_WORKERS`` and at least 1."""
+    beside = threading.current_thread() is not threading.main_thread()
+    return max(1, min(MAX_WORKERS, rank_cores() - (SPARE if beside else 0)))
 
 
 def _pieces(size: int) -> list[tuple[int, int]]:

@@ -153,13 +153,11 @@ def agree(pick: str, group) -> str:
 
 
 def threads() -> int:
-    """Files each rank writes in parallel: the cores this rank may use, shared with the other ranks of its node."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, min(MAX_THREADS, cores // local))
+    """Files each rank writes in parallel: the cores this rank may use, shared with the other ranks of its node
+    (``sprite.integrity.digest.rank_cores``), at most ``MAX_THREADS``."""
+    from sprite.integrity.digest import rank_cores
+
+    return min(MAX_THREADS, rank_cores())
 
 
 _planner: dict = {}  # {"key": (process group generation, layout digest), "class": the planner class}
