@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 CHUNK = 64 << 20  # bytes per separately hashed piece of a large file
 MAX_WORKERS = 32  # hashing scales with cores (2 GB, 16-core H200 host: 8 threads ~0.26 s, 16 ~0.14 s; docs/runs)
 # Cores a hashing pool started on a thread other than the main one leaves to the rest of its process: a background
-# save's hashing runs beside the training loop. Measured beside a Python-bound loop (benchmarks/hash_beside.py): on a
-# 16-core H200 host the loop lost 49-64% of its speed while 16 threads hashed (51-76 ms a GiB hashed), 12-25% with 15
-# or 14 (13-30 ms a GiB), whose hashing took 2-7% longer (docs/runs/h200-2026-12-04-d, call 6); on 2 cores 37-48%
-# with 2 threads, 0-7% with 1 (docs/runs/cpu-2026-12-04/hash_beside.txt).
+# save's hashing runs beside the training loop. Measured beside a Python-bound loop (benchmarks/hash_beside.py): on
+# two 16-core H200 hosts the loop lost 49-65% of its speed while 16 threads hashed (51-76 ms a GiB hashed), 12-41%
+# with 15 or 14 (13-44 ms a GiB), whose hashing took 2-7% longer (docs/runs/h200-2026-12-04-d, calls 6 and 7); on 2
+# cores 37-53% with 2 threads, 0-7% with 1 (docs/runs/cpu-2026-12-04/hash_beside.txt).
 SPARE = 2
 _READ = 4 << 20  # bytes per read inside a piece (bounded memory per thread)
 
