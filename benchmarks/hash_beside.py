@@ -23,12 +23,11 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shared_send import _alone, _step  # noqa: E402  (the same Python-bound loop, beside a send there)
+from shared_send import _alone, _beside  # noqa: E402  (the same Python-bound loop, beside a send there)
 
 
 def _hash(path: str, threads: int) -> float:
@@ -43,14 +42,8 @@ def _hash(path: str, threads: int) -> float:
 def _lost(path: str, threads: int, passes: int, step: float, value) -> tuple[float, float]:
     """``(share of the loop's speed, seconds)`` the loop lost while a thread hashed the file ``passes`` times
     (``step``: a step's seconds alone)."""
-    thread = threading.Thread(target=lambda: [_hash(path, threads) for _ in range(passes)])
-    start, done = time.perf_counter(), 0
-    thread.start()
-    while thread.is_alive():
-        value = _step(value)
-        done += 1
-    elapsed = time.perf_counter() - start
-    lost = max(0.0, elapsed - done * step)
+    elapsed, lost = _beside(lambda: [_hash(path, threads) for _ in range(passes)], step, value)
+    lost = max(0.0, lost)
     return lost / elapsed, lost
 
 

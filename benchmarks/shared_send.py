@@ -57,16 +57,22 @@ def _send(conn, state) -> float:
     return time.perf_counter() - start
 
 
-def _lost(conn, state, sends: int, step: float, value) -> float:
-    """Seconds the loop lost while a thread sent ``state`` ``sends`` times: the time the sends took, less what the
-    steps done meanwhile would have taken alone (``step`` each)."""
-    thread = threading.Thread(target=lambda: [_send(conn, state) for _ in range(sends)])
+def _beside(work, step: float, value) -> tuple[float, float]:
+    """``(seconds, seconds lost)``: the loop runs while a thread does ``work()``; what the loop lost is the time
+    ``work`` took less what the steps done meanwhile would have taken alone (``step`` each)."""
+    thread = threading.Thread(target=work)
     start, done = time.perf_counter(), 0
     thread.start()
     while thread.is_alive():
         value = _step(value)
         done += 1
-    return time.perf_counter() - start - done * step
+    elapsed = time.perf_counter() - start
+    return elapsed, elapsed - done * step
+
+
+def _lost(conn, state, sends: int, step: float, value) -> float:
+    """Seconds the loop lost while a thread sent ``state`` ``sends`` times."""
+    return _beside(lambda: [_send(conn, state) for _ in range(sends)], step, value)[1]
 
 
 def main() -> int:
