@@ -466,3 +466,15 @@ def test_every_rank_takes_process_mode_only_where_every_rank_picked_it(tmp_path)
 
     mp.start_processes(_vote, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(2)] == ["thread process"] * 2
+
+
+def test_each_rank_writes_as_many_files_at_once_as_its_share_of_the_cores_allows(monkeypatch):
+    """dcp_write.threads: the cores a rank is bound to, or its node's cores divided among its ranks, at most
+    MAX_THREADS (sprite.integrity.digest.rank_cores, shared with the hashing)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    for local, want in (("1", dcp_write.MAX_THREADS), ("8", 2), ("16", 1), ("32", 1)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+        assert dcp_write.threads() == want, local
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 4})  # bound to two cores of its own
+    assert dcp_write.threads() == 2

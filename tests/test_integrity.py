@@ -193,12 +193,14 @@ def test_any_single_flipped_byte_in_a_sealed_folder_is_detected(sealed_bytes, wh
 
 
 def test_hashing_threads_share_the_nodes_cores_and_leave_the_training_loop_some_beside_it(monkeypatch):
-    """The main thread (a verify, a synchronous save) hashes on the rank's share of the cores; a background save's
-    thread leaves ``SPARE`` of them to the training loop (benchmarks/hash_beside.py); never fewer than 1."""
+    """The main thread (a verify, a synchronous save) hashes on the rank's share of the cores (its node's cores
+    divided among its ranks, or the cores it is bound to); a background save's thread leaves ``SPARE`` of them to the
+    training loop (benchmarks/hash_beside.py); never fewer than 1."""
     import threading
 
     from sprite.integrity import digest
 
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
 
@@ -216,6 +218,13 @@ def test_hashing_threads_share_the_nodes_cores_and_leave_the_training_loop_some_
     assert digest.rank_cores() == 1 and digest.workers() == 1 and beside() == 1
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")  # not sprite's: taken as one rank
     assert digest.rank_cores() == 16
+    monkeypatch.setattr(os, "cpu_count", lambda: 208)  # a rank bound to 8 of a node's 208 cores keeps its 8
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8, 16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "12")
+    assert digest.rank_cores() == 8 and digest.workers() == 8 and beside() == 8 - digest.SPARE
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(208)))  # unbound: 208 // 12
+    assert digest.rank_cores() == 17 and beside() == 15
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert digest.workers() == digest.MAX_WORKERS

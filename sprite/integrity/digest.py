@@ -27,12 +27,17 @@ _READ = 4 << 20  # bytes per read inside a piece (bounded memory per thread)
 
 
 def rank_cores(env=os.environ) -> int:
-    """The cores this process may run on (its affinity), shared with the other ranks of its node
-    (``LOCAL_WORLD_SIZE``, which every rank sprite launches has; 1 outside a rank): at least 1."""
+    """The cores this process may run on (its affinity), at least 1. Where that is every core of the machine, the
+    ranks were not bound to cores of their own, and this rank takes its share: the cores divided among its node's
+    ranks (``LOCAL_WORLD_SIZE``, which every rank sprite launches has; 1 outside a rank). A rank bound to a few
+    cores (``mpiexec --cpu-bind``, ``srun --cpu-bind``) keeps them all."""
+    machine = os.cpu_count() or 1
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+        cores = machine
+    if cores < machine:
+        return max(1, cores)
     try:
         local = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
     except ValueError:
