@@ -478,3 +478,10 @@ def test_each_rank_writes_as_many_files_at_once_as_its_share_of_the_cores_allows
         assert dcp_write.threads() == want, local
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 4})  # bound to two cores of its own
     assert dcp_write.threads() == 2
+    monkeypatch.setattr(dcp_write, "shm_free", lambda: 9 << 20)  # room for one rank's 4 MiB with a quarter spare,
+    monkeypatch.setattr(dcp_write, "_generation", [0])
+    state = {"w": torch.zeros(1 << 20)}  # not for two
+    for local, want in (("1", "process"), ("2", "thread"), ("two", "process")):  # "two": not sprite's, one rank
+        monkeypatch.setattr(dcp_write, "_picked", [])
+        assert dcp_write.mode({"LOCAL_WORLD_SIZE": local, "SPRITE_CHECKPOINT_WRITER": "process"}, state=state) \
+            == want, local

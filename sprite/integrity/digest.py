@@ -38,11 +38,16 @@ def rank_cores(env=os.environ) -> int:
         cores = machine
     if cores < machine:
         return max(1, cores)
+    return max(1, cores // local_ranks(env))
+
+
+def local_ranks(env=os.environ) -> int:
+    """The ranks of this process's node (``LOCAL_WORLD_SIZE``, which every rank sprite launches has): 1 outside a
+    rank, or where the value is not a positive number."""
     try:
-        local = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+        return max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
     except ValueError:
-        local = 1
-    return max(1, cores // local)
+        return 1
 
 
 def workers() -> int:

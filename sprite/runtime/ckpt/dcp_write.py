@@ -87,8 +87,9 @@ def mode(env=os.environ, state=None, group=None) -> str:
             local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
             devices.add(local.device.type)
             nbytes += local.numel() * local.element_size()
-        ranks = max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
-        pick, why = default_mode(devices, nbytes, ranks, shm_free(), chosen)
+        from sprite.integrity.digest import local_ranks
+
+        pick, why = default_mode(devices, nbytes, local_ranks(env), shm_free(), chosen)
     if why:
         from sprite.runtime import trail
 
