@@ -84,8 +84,9 @@ def measure(device: torch.device, kind, precisions: tuple[str, ...], size: int, 
             fault: str | None = None) -> dict:
     """Runs the computation once untimed (warm-up), then ``repeats`` times and on until the repetitions span
     MIN_SECONDS (at most MAX_REPEATS), each between two device synchronisations. Returns the digests of the last
-    run and its times: ``seconds`` (fastest repetition, robust to other work on the machine) and ``all_seconds``. The "slow" fault sleeps nine times the repetition's own
-    compute time inside each timed repetition (10x: far past --slow-factor even on busy shared cores)."""
+    run and its times: ``seconds`` (fastest repetition, robust to other work on the machine) and ``all_seconds``.
+    The "slow" fault sleeps nine times the repetition's own compute time inside each timed repetition (10x: far past
+    --slow-factor even on busy shared cores)."""
     results = run_once(device, precisions, size, kind.autocast, fault)
     times = []
     began = time.perf_counter()
