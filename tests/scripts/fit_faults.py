@@ -1,7 +1,8 @@
 """A small Lightning fit with a validation loop that misbehaves on request (the fault tests' script).
 
     --sleep-rank R --sleep-step S   rank R sleeps (for an hour) inside training_step at step S: a stall
-    --kill-rank R --kill-step S     rank R kills itself with SIGKILL at step S, once per --marker file
+    --kill-rank R --kill-step S     rank R kills itself with SIGKILL at step S, once per --marker file, once its
+                                    background save in flight is sealed (a kill mid-save: test_ckpt_background.py)
     --raise-rank R --raise-step S   rank R raises ValueError at step S
     --guarded-save PATH             after fit, only rank 0 calls trainer.save_checkpoint(PATH)
     --checkpoint-dir DIR            a ModelCheckpoint in DIR every 2 steps, every one kept
@@ -38,6 +39,11 @@ class Model(L.LightningModule):
             raise ValueError(f"rank {rank} raises on purpose at step {step}")
         if rank == a.kill_rank and step == a.kill_step and not os.path.exists(a.marker):
             open(a.marker, "w").close()
+            # the save of the step before may still be writing on a busy machine; a kill then would leave it unsealed
+            # and the relaunch would start from the one before it (correctly, but not the step the test expects)
+            from sprite.runtime.ckpt import durable
+
+            assert durable.drain(120), "the save in flight was not sealed in 120 s"
             print(f"rank {rank} kills itself at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
