@@ -250,6 +250,12 @@ def test_checkpoint_writer_process_writes_sharded_saves_that_seal_and_hold_the_s
     joined = [line for line in (fsdp["c"].stdout + fsdp["c"].stderr).splitlines()
               if "checkpoint background process with prefix store" in line]
     assert sorted(line.split("]")[0] for line in joined) == ["[rank 0", "[rank 1"], joined
+    # and logged none of its per-save lines (dcp_write.quiet_checkpoint_process): each rank's "Waiting" is the one
+    # torch's process logs as it starts, before the first save's writer reaches it
+    said = (fsdp["c"].stdout + fsdp["c"].stderr).splitlines()
+    assert not [line for line in said if "Received async checkpoint" in line or "Completed checkpoint save" in line]
+    assert sorted(line.split("]")[0] for line in said if "Waiting for checkpoint save request" in line) == \
+        ["[rank 0", "[rank 1"]
     by_thread, by_process = fsdp["ck"] / "epoch=0-step=9.ckpt", fsdp["root"] / "c_ck" / "epoch=0-step=9-v1.ckpt"
     assert integrity.verify(by_process).valid
     for name, folder in (("thread", by_thread), ("process", by_process)):

@@ -485,3 +485,36 @@ def test_each_rank_writes_as_many_files_at_once_as_its_share_of_the_cores_allows
         monkeypatch.setattr(dcp_write, "_picked", [])
         assert dcp_write.mode({"LOCAL_WORLD_SIZE": local, "SPRITE_CHECKPOINT_WRITER": "process"}, state=state) \
             == want, local
+
+
+def test_a_writer_unpickled_in_torchs_checkpoint_process_drops_only_that_modules_info_lines(tmp_path):
+    """What torch's checkpoint process does with the writer each save sends it: unpickle it. From then on that
+    process's root logger drops its per-save INFO lines and passes everything else (dcp_write.quiet_checkpoint_process);
+    a writer that stays in the rank (thread mode) adds no filter."""
+    import logging
+    import pickle
+
+    from sprite.runtime.ckpt.torch_names import DCP_PROCESS_MODULE
+
+    root = logging.getLogger()
+    before = list(root.filters)
+    try:
+        sent = dcp_write.writer(tmp_path / "save")
+        assert root.filters == before
+        got = pickle.loads(pickle.dumps(sent))
+        assert isinstance(got, dcp_write.Writer) and got.thread_count == sent.thread_count
+        pickle.loads(pickle.dumps(sent))  # a second save adds no second filter
+        added = [kept for kept in root.filters if kept not in before]
+        assert len(added) == 1
+        torchs = os.path.join(os.path.dirname(dcp.__file__), DCP_PROCESS_MODULE.rsplit(".", 1)[1] + ".py")
+
+        def passes(path: str, level: int) -> bool:
+            return bool(root.filter(logging.LogRecord("root", level, path, 1, "a line", None, None)))
+
+        assert not passes(torchs, logging.INFO) and not passes(torchs, logging.DEBUG)
+        assert passes(torchs, logging.WARNING) and passes(torchs, logging.ERROR)
+        assert passes(__file__, logging.INFO) and passes(dcp_write.__file__, logging.INFO)
+    finally:
+        for kept in list(root.filters):
+            if kept not in before:
+                root.removeFilter(kept)

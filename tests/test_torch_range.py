@@ -46,3 +46,14 @@ def test_the_save_path_names_no_private_torch_name():
         text = (root / name).read_text()
         found = re.findall(r"torch(?:\.\w+)*\._\w+|_get_default_store|_StorageInfo|_dtype_to_storage", text)
         assert not found, (name, found)
+
+
+def test_torchs_checkpoint_process_logs_its_lines_on_the_root_logger_from_the_module_named():
+    """dcp_write.quiet_checkpoint_process filters the root logger by torch_names.DCP_PROCESS_MODULE's file."""
+    import importlib
+    import logging
+
+    module = importlib.import_module(torch_names.DCP_PROCESS_MODULE)
+    assert module.logger is logging.getLogger(), (
+        f"torch {torch.__version__}'s checkpoint process no longer logs on the root logger; "
+        "dcp_write.quiet_checkpoint_process would let its per-save lines through")

@@ -217,6 +217,32 @@ class Writer(FileSystemWriter):
         with no_crc32():
             return super().write_data(plan, planner)
 
+    def __setstate__(self, state: dict) -> None:
+        """Where torch sends the writer at every save, its checkpoint process (process mode), it is unpickled here."""
+        self.__dict__.update(state)
+        quiet_checkpoint_process()
+
+
+def quiet_checkpoint_process() -> None:
+    """Drops, in this process, the INFO lines torch's checkpoint process logs at every save ("Received async
+    checkpoint request", "Completed checkpoint save request", "Waiting for checkpoint save request"): torch gives
+    that process's root logger a handler at INFO with no public option to quiet it, so a save every 10 minutes for a
+    week would write 3,000 lines into each rank's output. Its warnings and errors still pass, and so do the lines it
+    logs as it starts, before the first save's writer reaches it. Only records from torch's module
+    (``torch_names.DCP_PROCESS_MODULE``) are dropped; a rename there lets them through again."""
+    import logging
+
+    from sprite.runtime.ckpt.torch_names import DCP_PROCESS_MODULE
+
+    class PerSaveLines(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return record.levelno >= logging.WARNING or not record.pathname.endswith(source)
+
+    source = os.path.join(*DCP_PROCESS_MODULE.split(".")) + ".py"
+    root = logging.getLogger()
+    if not any(type(kept).__name__ == "PerSaveLines" for kept in root.filters):
+        root.addFilter(PerSaveLines())
+
 
 def writer(path) -> FileSystemWriter:
     """torch's writer for a folder sprite has just created (module docstring)."""
