@@ -49,6 +49,24 @@ def test_a_script_that_picks_its_own_checkpoint_conflicts_with_resume(tmp_path, 
     assert resume.mode({}) == "never" and resume.mode({"SPRITE_RESUME": " auto "}) == "auto"
 
 
+def test_each_trainers_first_fit_is_resumed_and_no_later_fit_of_it(tmp_path, monkeypatch):
+    """docs/checkpoints.md: --resume hands the checkpoint to each Trainer's first fit (a script of two stages, or a
+    warm pool's next role, makes a Trainer of its own), never to a later fit of the same Trainer."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    fits = []
+    monkeypatch.setattr(Trainer, "fit", lambda self, *args, **kwargs: fits.append((self, kwargs.get("ckpt_path"))))
+    monkeypatch.setattr(_CheckpointConnector, "resume_start", _CheckpointConnector.resume_start)
+    resume.install("auto")
+    first, second = _trainer(tmp_path, logger=False), _trainer(tmp_path, logger=False)
+    first.fit(None)
+    first.fit(None)
+    second.fit(None)
+    first.fit(None, ckpt_path="mine.ckpt")  # a later fit may name its own checkpoint
+    assert fits == [(first, resume.PENDING), (first, None), (second, resume.PENDING), (first, "mine.ckpt")]
+
+
 def test_every_generator_comes_back(tmp_path):
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     saved = rng_state.capture("cpu")

@@ -168,7 +168,9 @@ def _resume(resume_start, connector, wanted: str, weights_only):
 
 
 def install(wanted: str) -> None:
-    """Route the first ``Trainer.fit`` of the process through :func:`resolve` (nothing for "never")."""
+    """Route each Trainer's first ``fit`` through :func:`resolve` (nothing for "never"): a script of two stages, or
+    a warm pool's next role, makes a Trainer of its own, and a later fit of the same Trainer goes on from where it
+    is."""
     if wanted == "never":
         return
     from lightning.pytorch import Trainer
