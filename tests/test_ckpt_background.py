@@ -150,6 +150,34 @@ def test_a_background_write_that_fails_fails_the_run_in_one_line_and_keeps_the_p
     assert not (ckpt / "epoch=0-step=6.ckpt").exists()
 
 
+def test_a_sharded_save_one_other_rank_could_not_write_is_sealed_by_none_and_resume_skips_it(sprite_cmd, tmp_path):
+    """docs/checkpoints.md: rank 0 seals only once every rank confirmed its files. Rank 1 alone fails to write its
+    shard file of the step-6 save (ENOSPC) while rank 0 writes its own: no manifest, the run exits 1 with rank 1's
+    reason on one line, the step-3 save is kept valid, ``sprite ckpt list`` shows the step-6 folder refused, and
+    ``--resume auto`` skips it and goes on from step 3."""
+    ckpt = tmp_path / "ck"
+    result = _run(sprite_cmd, tmp_path, "s", ckpt, ("--strategy", "fsdp"), "--every", "3", "--max-steps", "20",
+                  "--top-k", "1", CKPT_FAIL_SHARDS_AT="1:2")
+    log = result.stdout + result.stderr
+    assert result.returncode == 1, log[-3000:]
+    errors = [line for line in log.splitlines() if "sprite: error:" in line]
+    assert any(line.startswith("[rank 1]") and "No space left" in line and "epoch=0-step=6.ckpt" in line
+               for line in errors), errors
+    assert all(len(line) < 700 for line in errors), errors
+    kept, failed = ckpt / "epoch=0-step=3.ckpt", ckpt / "epoch=0-step=6.ckpt"
+    assert integrity.verify(kept).valid
+    assert not os.path.lexists(integrity.manifest_path(failed))
+    rows = {Path(row["path"]).name: row for row in _listing(sprite_cmd, ckpt)}
+    assert rows[kept.name]["valid"], rows
+    if failed.name in rows:  # the folder rank 0 wrote its share into, left without a manifest
+        assert not rows[failed.name]["valid"] and "has no manifest" in rows[failed.name]["reason"], rows
+    resumed = _run(sprite_cmd, tmp_path, "t", ckpt, ("--strategy", "fsdp", "--resume", "auto"), "--every", "5",
+                   "--max-steps", "5")
+    said = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, said[-3000:]
+    assert f"resume: from {kept} (step 3" in said, said[-3000:]
+
+
 def test_a_background_write_after_the_fit_that_fails_still_fails_the_run(sprite_cmd, tmp_path):
     """A save the script makes once ``fit`` returned (rank 0's third write here) fails in the background: no later
     save and no end of a fit waits for it, so the end of the script must (exit 1, after the ranks ended together)."""

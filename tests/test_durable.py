@@ -107,6 +107,40 @@ def test_a_failed_background_write_keeps_the_older_checkpoint_and_stops_the_next
     assert "sprite: error:" in err and f"kept {old}" in err
 
 
+def test_torchs_checkpoint_exception_fails_the_save_in_one_line_and_the_background_thread_lives_on(tmp_path,
+                                                                                                    monkeypatch):
+    """torch's CheckpointException is a BaseException, and its text is every rank's traceback. Raised by a write
+    (here the first), or by any job, it fails the save like any error instead of ending the background thread,
+    which a later drain() would wait on for ever (a sharded save that one rank could not write hung the run)."""
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    full = OSError(28, "No space left on device")
+    torchs = CheckpointException("CheckpointException ranks:dict_keys([1])", {1: (full, traceback.StackSummary())})
+    assert hashed_save.torch_failures(torchs) == "rank 1: OSError: [Errno 28] No space left on device"
+
+    def fails(pending):
+        def run():
+            raise torchs
+        pending[0].run = run
+
+    from sprite.runtime.ckpt import background
+
+    told, gather = [], background.gather
+    monkeypatch.setattr(background, "gather", lambda report, *args: (told.append(report), gather(report, *args))[1])
+    _save_file({"w": 1}, tmp_path / "epoch=1.ckpt", fails)
+    durable.later(lambda: (_ for _ in ()).throw(torchs))  # a job of its own, outside the seal
+    assert durable.drain(60) and durable._thread.is_alive()
+    assert not integrity.verify(tmp_path / "epoch=1.ckpt").valid
+    with pytest.raises(durable.SaveFailed) as failed:
+        durable.wait()
+    assert "\n" not in str(failed.value) and "CheckpointException" in str(failed.value)
+    assert len(durable._failed) == 2
+    # the failed rank still told rank 0 (the other ranks wait for its word in that gather)
+    assert len(told) == 1 and told[0][0] is False and "CheckpointException" in told[0][1]
+
+
 def test_a_dead_checkpoint_process_is_named_with_the_thread_writer_as_the_fix_and_each_advice_given_once(capfd):
     """torch's words for its checkpoint process gone lead to that process and --checkpoint-writer thread, not to a
     full disk; a SaveFailed from the seal keeps one cause and one fix in the message check() raises."""

@@ -42,7 +42,8 @@ def _serve() -> None:
             job()
         except SaveFailed as err:  # its cause and fix are check()'s to give, not repeated inside its message
             fail(err.what.rstrip("."))
-        except Exception as err:  # kept for check(), which the next save and the end of the fit call
+        except BaseException as err:  # noqa: BLE001 - kept for check(), which the next save and the end of the
+            # fit call; this thread must outlive any job, or drain() would wait for it for ever
             fail(f"{type(err).__name__}: {err}")
 
 

@@ -237,10 +237,27 @@ def _async_dcp(state: dict, path, group) -> Pending:
     upload = getattr(started, "upload_completion", started)
 
     def run() -> dict:
-        upload.result()
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            upload.result()
+        except CheckpointException as err:  # a BaseException, whose text is every rank's traceback
+            raise OSError(f"torch's writer failed on {torch_failures(err)}") from None
         return {}
 
     return Pending(run)
+
+
+def torch_failures(err) -> str:
+    """Each failed rank's exception in torch's ``CheckpointException`` (its public ``failures``: rank -> the
+    exception and its traceback), in one line: "rank 1: OSError: [Errno 28] No space left on device: ..."."""
+    from sprite.errors import one_line
+
+    named = []
+    for rank, wrapped in sorted((getattr(err, "failures", None) or {}).items()):
+        error = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+        named.append(f"rank {rank}: {type(error).__name__}: {one_line(str(error), 200)}")
+    return "; ".join(named) or one_line(str(err), 300)
 
 
 def install() -> None:

@@ -147,7 +147,8 @@ def _complete(plan: dict, target: Path, meta: dict, pending: list, rank: int, wo
             for folder in [folder for folder, _, _ in os.walk(written)] if plan["folder"] else []:
                 integrity.fsync_dir(folder)
         report = (True, files)
-    except Exception as err:  # told to rank 0, which then seals nothing
+    except BaseException as err:  # noqa: BLE001 - told to rank 0, which then seals nothing; every rank must
+        # reach the gather below, whatever this rank's write raised, or the others wait in it
         report = (False, f"rank {rank}: {type(err).__name__}: {err}")
     reports = background.gather(report, group, rank, world)
     sealed = False
