@@ -345,3 +345,39 @@ def test_a_forged_completion_status_shows_as_unknown():
     forged = summary.summarize([{"kind": "completion", "status": "0", "time": 5, "exit_code": True}])
     assert (forged["status"], forged["ended"], forged["exit_code"]) == ("unknown", "", None)
     assert summary.summarize([{"kind": "completion", "status": "stalled"}])["status"] == "stalled"
+
+
+def test_a_manifest_audit_trail_or_run_json_that_is_a_symlink_is_refused_though_its_target_is_valid(sprite_cmd,
+                                                                                                    tmp_path):
+    """docs/checkpoints.md: a symlink in a record's place is refused unread, even one to a byte-identical valid copy
+    (so what a link points at never decides what sprite trusts)."""
+    ckpt = tmp_path / "one.ckpt"
+    ckpt.write_bytes(b"weights")
+    integrity.seal(ckpt, {"step": 1})
+    manifest = integrity.manifest_path(ckpt)
+    assert integrity.verify(ckpt).valid
+    copy = tmp_path / "elsewhere.json"
+    copy.write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    manifest.symlink_to(copy)
+    assert "symlink" in refused(sprite(sprite_cmd, "ckpt", "verify", ckpt, timeout=30), 1)
+    listing = sprite(sprite_cmd, "ckpt", "list", tmp_path, "--json", timeout=30)
+    assert listing.returncode == 0 and json.loads(listing.stdout)[0]["valid"] is False
+    run = _run(tmp_path)
+    audit.append(run / rundir.AUDIT, "attempt_start", attempt=1)  # past the end run.json names
+    assert "lines were removed" in refused(sprite(sprite_cmd, "runs", "verify", run, timeout=30), 1)
+
+    def linked(name: str) -> None:
+        real, moved = run / name, tmp_path / f"moved-{name}"
+        moved.write_bytes(real.read_bytes())
+        real.unlink()
+        real.symlink_to(moved)
+
+    linked(rundir.SUMMARY)  # not read: the end it names is not compared
+    done = sprite(sprite_cmd, "runs", "verify", run, timeout=30)
+    assert done.returncode == 0 and "intact: 2 records" in done.stdout, done.stdout + done.stderr
+    linked(rundir.AUDIT)
+    assert "symlink" in refused(sprite(sprite_cmd, "runs", "verify", run, timeout=30), 1)
+    listing = sprite(sprite_cmd, "runs", tmp_path / "runs", "--json", timeout=30)
+    found = json.loads(listing.stdout)[0]
+    assert listing.returncode == 0 and found["status"] == "damaged" and "symlink" in found["reason"], found
