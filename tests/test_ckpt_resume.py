@@ -190,6 +190,12 @@ def test_fsdp_resume_auto_loads_the_one_before_a_sharded_checkpoint_found_change
     skipped = [line for line in log.splitlines() if "resume: skipped" in line]
     assert len(skipped) == 2 and all("__1_0.distcp does not match its SHA-256" in line for line in skipped)
     assert f"resume: from {fsdp['root'] / 'c_ck' / 'epoch=0-step=6.ckpt'} (step 6, epoch 0)" in log
+    # and audited, in that order (sprite.runtime.ckpt.resume: a checkpoint found changed once it was loaded)
+    trail = [r for r in audit.read(fsdp["root"] / "run-c" / "audit.jsonl")
+             if r["kind"] in ("checkpoint_skipped", "resume")]
+    assert sorted(Path(r["path"]).name for r in trail[:2]) == ["epoch=0-step=9.ckpt", "last.ckpt"], trail
+    assert all(r["kind"] == "checkpoint_skipped" and "__1_0.distcp does not match" in r["reason"] for r in trail[:2])
+    assert [(r["kind"], Path(r["path"]).name, r["step"]) for r in trail[2:]] == [("resume", "epoch=0-step=6.ckpt", 6)]
     for rank in (0, 1):
         resumed, first = losses(fsdp["root"], "c", rank), losses(fsdp["root"], "a", rank)
         assert resumed == {s: v for s, v in first.items() if s >= 6}  # the older checkpoint, bit for bit

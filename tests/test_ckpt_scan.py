@@ -94,8 +94,14 @@ def test_ckpt_verify_and_list_exit_codes(tmp_path, capsys):
     code, out, _ = _cli(["ckpt", "list", str(tmp_path), "--json"], capsys)
     rows = json.loads(out)
     assert code == 0 and [(r["step"], r["valid"]) for r in rows] == [(6, False), (3, True)]
+    assert [(r["epoch"], r["size"]) for r in rows] == [(0, bad.stat().st_size), (0, good.stat().st_size)]
     code, out, _ = _cli(["ckpt", "list", str(tmp_path)], capsys)
     assert code == 0 and "valid" in out and "does not match its SHA-256" in out
+    from sprite.errors import size_text
+
+    header = next(line for line in out.splitlines() if "checkpoint" in line and "status" in line)
+    assert [word for word in header.split() if word.isalpha()] == ["checkpoint", "step", "epoch", "size", "status"]
+    assert size_text(good.stat().st_size) in out, out  # "600 B"
 
 
 def test_ckpt_commands_import_no_torch(tmp_path):

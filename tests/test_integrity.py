@@ -228,3 +228,20 @@ def test_hashing_threads_share_the_nodes_cores_and_leave_the_training_loop_some_
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert digest.workers() == digest.MAX_WORKERS
+
+
+def test_the_sizes_and_thread_counts_docs_checkpoints_gives_are_the_codes():
+    """docs/checkpoints.md's numbers. The 64 MiB piece is also a format fact: a manifest records its chunk_bytes,
+    and digest.same compares pieces only at the same size, so changing CHUNK would fail every checkpoint over
+    64 MiB sealed before."""
+    from sprite.integrity import digest
+    from sprite.runtime.ckpt import dcp_read, dcp_write
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text()
+    page = " ".join(page.split())
+    assert digest.CHUNK == 64 << 20 and "the SHA-256 of each 64 MiB piece" in page
+    assert digest.MAX_WORKERS == 32 and "up to 32" in page
+    assert digest.SPARE == 2 and "on 2 fewer" in page
+    assert dcp_write.MAX_THREADS == 4 and "up to 4 files per rank" in page
+    assert dcp_read.READ_THREADS == 2 and dcp_read.SPAN_BYTES == 64 << 20
+    assert "two threads read the shard files ahead in runs of up to 64 MiB" in page
