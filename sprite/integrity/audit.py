@@ -72,17 +72,10 @@ def append(path, kind: str, /, **fields) -> dict:
         ValueError: a field uses a reserved name or a value JSON cannot hold.
         IntegrityError: the trail is not a regular file, or its last line is torn or not a sprite record.
     """
-    return _append(path, kind, fields, sync=True)
+    return _append(path, kind, fields)
 
 
-def append_unsynced(path, kind: str, /, **fields) -> dict:
-    """:func:`append` without the fsync: the record is in the trail for every reader at once, and on disk once
-    the caller fsyncs the file (a checkpoint's record, fsynced in the background with the checkpoint). Raises as
-    :func:`append`."""
-    return _append(path, kind, fields, sync=False)
-
-
-def _append(path, kind: str, fields: dict, sync: bool) -> dict:
+def _append(path, kind: str, fields: dict) -> dict:
     clash = sorted(set(fields) & set(RESERVED))
     if clash:
         raise ValueError(f"audit field names {clash} are reserved")
@@ -100,8 +93,7 @@ def _append(path, kind: str, fields: dict, sync: bool) -> dict:
                   "prev": hashlib.sha256(last).hexdigest() if last else GENESIS}
         line = canonical.sealed(record, one_line=True)
         os.write(fd, line + b"\n")
-        if sync:
-            os.fsync(fd)
+        os.fsync(fd)
     finally:
         os.close(fd)  # closing releases the lock
     return {**record, canonical.SELF: canonical.digest(record)}

@@ -27,11 +27,3 @@ def audit(kind: str, **fields) -> None:
     path = _trail()
     if path:
         audit_trail.append(path, kind, **fields)
-
-
-def audit_unsynced(kind: str, **fields) -> str | None:
-    """:func:`audit` without the fsync; returns the trail's path for the caller to fsync (None: no trail)."""
-    path = _trail()
-    if path:
-        audit_trail.append_unsynced(path, kind, **fields)
-    return path
