@@ -305,3 +305,45 @@ def test_the_ranks_agree_about_twenty_times_an_interval_at_the_same_steps(monkey
         hook.on_train_batch_end(trainer, None, None, None, step)
         hook.on_train_batch_end(trainer, None, None, None, step)  # no optimizer step: no check
     assert agreed == [1, 11, 21, 31]  # 20 s / (20 x 0.1 s) = every 10 steps after the first
+
+
+def test_keep_removes_only_this_runs_own_clock_checkpoints_once_the_newer_is_sealed(tmp_path, monkeypatch):
+    """docs/long-runs.md: --keep N keeps the newest N clock checkpoints of this run (this attempt's, and those the
+    audit trail records earlier attempts sealed); nothing else in the folder is removed: not the script's own
+    checkpoints, not a preemption save, not another run's clock checkpoint of the same name pattern, and not an
+    earlier attempt's save the trail names in another folder or as unsealed."""
+    from types import SimpleNamespace
+
+    from sprite import integrity
+    from sprite.integrity import audit
+    from sprite.runtime.ckpt import cadence, durable
+
+    run, ck, other = tmp_path / "run", tmp_path / "ck", tmp_path / "elsewhere"
+    for folder in (run, ck, other):
+        folder.mkdir()
+
+    def saved(path: Path) -> str:
+        integrity.write_new(path, path.name.encode())
+        integrity.seal(path, {"step": 1})
+        return str(path)
+
+    earlier = [saved(ck / f"sprite-every-step={step}.ckpt") for step in (2, 4)]
+    unsealed, away = saved(ck / "sprite-every-step=5.ckpt"), saved(other / "sprite-every-step=3.ckpt")
+    foreign = [saved(ck / name) for name in ("epoch=0-step=1.ckpt", "preempted-7.ckpt", "last.ckpt",
+                                             "sprite-every-step=999.ckpt")]
+    # the trail records every sealed save of the run, the script's own ModelCheckpoint saves too
+    for path, verified in ((foreign[0], True), (earlier[0], True), (away, True), (earlier[1], True),
+                           (unsealed, False)):
+        audit.append(run / "audit.jsonl", "checkpoint_written", path=path, step=1, verified=verified)
+    monkeypatch.setenv("SPRITE_RUN_DIR", str(run))
+    hook = cadence.Cadence({"SPRITE_RUN_DIR": str(run), "SPRITE_CHECKPOINT_EVERY": "20", "SPRITE_KEEP": "1"})
+    trainer = SimpleNamespace(is_global_zero=True)
+    for step in (6, 8):
+        hook.mine.append(saved(ck / f"sprite-every-step={step}.ckpt"))
+        hook._prune(trainer)
+    assert durable.drain(60)
+    left = sorted(path.name for path in ck.iterdir() if not path.name.endswith(integrity.MANIFEST_SUFFIX))
+    assert left == sorted(["sprite-every-step=8.ckpt", "sprite-every-step=5.ckpt",
+                           *(Path(path).name for path in foreign)])
+    assert all(integrity.verify(Path(path)).valid for path in [*foreign, away, ck / "sprite-every-step=8.ckpt"])
+    assert not any(os.path.lexists(integrity.manifest_path(Path(path))) for path in earlier)
