@@ -63,6 +63,22 @@ def test_sprites_own_lines_and_exit_codes():
     assert classify.classify(1, said).cause == APP_FAULT  # sprite's notes are not refusals
 
 
+@pytest.mark.parametrize("code, log, cause", [
+    (134, "[rank 1] terminate called after throwing an instance of 'c10::Error'", APP_FAULT),
+    (134, "sprite: rank 1 exited with code -6; stopping the other ranks.", APP_FAULT),
+    (139, "sprite: rank 1 exited with code -11; stopping the other ranks.", APP_FAULT),
+    (1, "/bin/sh: line 1: 4242 Segmentation fault (core dumped) python train.py", APP_FAULT),
+    (135, "sprite: rank 1 exited with code -7; stopping the other ranks.", NODE_FAULT),
+    (1, "srun: error: nid001: task 1: Bus error", NODE_FAULT),
+    (2, "train.py: error: unrecognized arguments: --lr", APP_FAULT),  # a 2 not sprite's own
+])
+def test_an_abort_is_the_applications_and_a_sigbus_the_nodes(code, log, cause):
+    """docs/long-runs.md's table: an abort (C++ terminate, SIGABRT, SIGSEGV) is an application fault, relaunched
+    only past the first step; SIGBUS or a Bus error line is a node fault; an exit 2 without sprite's own error line
+    is not bad usage."""
+    assert classify.classify(code, log).cause == cause
+
+
 def test_lines_from_slurm_batch_outputs():
     # Recorded here in the batch jobs' own output (not the attempt log): `scontrol update state=down` of the node,
     # and a job past its --time. The attempt logs of those jobs are in RECORDED above.

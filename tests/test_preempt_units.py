@@ -191,6 +191,7 @@ def test_job_scripts_pass_the_signal_requeue_and_resume_auto(tmp_path):
     pbs_text = submit.prepare(str(spec), "pbs", cwd=str(tmp_path)).text
     assert "#PBS -r y" in pbs_text and f"export SPRITE_JOB_SCRIPT={tmp_path}/sprite-jobs/j-1.pbs\n" in pbs_text
     assert 'kill -s USR2 "$sprite_pid"' in pbs_text and "--preempt-signal USR2 --requeue" in pbs_text
+    assert "( sleep 540 && kill -s USR2" in pbs_text  # 60 s before the 10 min walltime (docs/long-runs.md)
     spec.write_text(spec.read_text() + "resume: never\n")
     with pytest.raises(UsageError, match="resume: never with scheduler.requeue: true"):
         submit.prepare(str(spec), "slurm", cwd=str(tmp_path))
