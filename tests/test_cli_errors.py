@@ -121,6 +121,25 @@ def test_parsing_errors_are_one_line(sprite_cmd, clean_env, args, fragment):
     assert_one_line_usage_error(result, fragment)
 
 
+@pytest.mark.parametrize("args, says", [
+    ([], "Usage: sprite [OPTIONS] COMMAND"), (["run"], "Usage: sprite run [OPTIONS]"),
+    (["ckpt"], "Usage: sprite ckpt [OPTIONS] COMMAND"), (["sbatch"], "Missing argument 'spec'"),
+    (["status"], "Missing argument 'job_id'"), (["cancel"], "Missing argument 'job_id'"),
+    (["runs"], "sprite-runs is not a folder"), (["env"], ""),
+])
+def test_a_command_given_no_arguments_prints_its_help_names_what_it_misses_or_takes_its_defaults(
+        sprite_cmd, clean_env, tmp_path, args, says):
+    """docs/run.md: what each command does with no arguments (the checks' defaults: test_ckpt_check.py and the
+    parity and bench suites)."""
+    result = run_sprite(sprite_cmd, args, clean_env, cwd=tmp_path)
+    if says.startswith("Usage:"):
+        assert result.returncode == 2 and (result.stdout + result.stderr).startswith(says), result.stderr
+    elif says:
+        assert_one_line_usage_error(result, says)
+    else:
+        assert result.returncode == 0 and result.stdout.strip(), result.stderr
+
+
 def test_site_profile_job_block_that_is_not_a_mapping(sprite_cmd, clean_env, tmp_path, example_script):
     profile = tmp_path / "mine.yaml"
     profile.write_text("name: mine\njob: [1, 2]\n")

@@ -126,3 +126,17 @@ def test_console_filter_keeps_every_rank_in_its_log(tmp_path):
         assert f"hello from {rank}" in (tmp_path / "logs" / f"rank{rank}.log").read_text()
     again = subprocess.run(cmd, env={**os.environ, "WORLD_SIZE": "3"}, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already holds rank logs" in again.stderr
+
+
+def test_the_supervisor_adds_the_rank_variables_docs_run_md_names_and_no_other(monkeypatch):
+    """docs/run.md (--dry-run --json): the plan's env holds what the plan sets; the local supervisor adds these."""
+    from sprite.launch import supervisor
+
+    named = {"RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "OMP_NUM_THREADS",
+             "PYTHONUNBUFFERED"}
+    for name in named:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the plan's
+    env = supervisor.rank_env(1, 2)
+    assert {key for key in env if os.environ.get(key) != env[key]} == named
+    assert (env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("1", "1", "2")
