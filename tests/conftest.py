@@ -71,15 +71,17 @@ def sprite_free_env(strip=(), base=None) -> dict:
             if k not in strip and (k == WARM_SERVER or not k.startswith("SPRITE_"))}
 
 
-def start_warm_server(folder: Path, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+def start_warm_server(folder: Path, env: dict | None = None, as_typed: bool = False) -> tuple[subprocess.Popen, Path]:
     """``python -m sprite.launch.warmserver`` with its socket ``folder/s.sock`` and its log ``folder/warm.log``
-    (stderr in ``folder/server.err``), under the PYTHONSAFEPATH that sprite's plans give every rank."""
+    (stderr in ``folder/server.err``), under the PYTHONSAFEPATH that sprite's plans give every rank (``as_typed``:
+    under ``env`` as it is)."""
     from sprite.launch import warmserver
 
     sock = folder / "s.sock"
+    env = os.environ if env is None else env
     with open(folder / "server.err", "w") as err:
         server = subprocess.Popen(warmserver.command(sock, folder / "warm.log"), cwd=OUTSIDE_CHECKOUT,
-                                  start_new_session=True, env=warmserver.environment(os.environ if env is None else env),
+                                  start_new_session=True, env=env if as_typed else warmserver.environment(env),
                                   stdout=subprocess.DEVNULL, stderr=err)
     return server, sock
 

@@ -28,8 +28,11 @@ PLAIN = str(Path(__file__).resolve().parent / "scripts" / "any_plain.py")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """Started as docs/run.md shows, without the PYTHONSAFEPATH=1 sprite gives every rank: the server starts
+    again with it (warmserver.main), so the ranks below are served, not refused for PYTHON* settings."""
     folder = tmp_path_factory.mktemp("server")
-    proc, sock = start_warm_server(folder)
+    proc, sock = start_warm_server(folder, {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"},
+                                   as_typed=True)
     deadline = time.monotonic() + 180
     while not sock.exists():
         assert proc.poll() is None, (folder / "server.err").read_text()

@@ -257,7 +257,8 @@ def command(sock, log, modules: tuple[str, ...] = ()) -> list[str]:
 
 def environment(base) -> dict:
     """A server's environment: ``base`` with the PYTHONSAFEPATH that sprite's plans give every rank (a server
-    refuses ranks whose PYTHON* settings differ from its own)."""
+    refuses ranks whose PYTHON* settings differ from its own; :func:`main` started without it starts again with
+    it)."""
     return {**base, "PYTHONSAFEPATH": "1"}
 
 
@@ -345,6 +346,10 @@ def main(argv: list[str] | None = None):
             found = False
         if not found:
             parser.error(f"--import {name}: no such module in this Python; install it or drop the option")
+    if argv is None and os.environ.get("PYTHONSAFEPATH") != "1":
+        # started by hand (python -m ..., as docs/run.md shows): become the server sprite's ranks can use, whose
+        # PYTHON* settings are theirs, and whose import path, like theirs, leaves out the folder it started in
+        os.execve(sys.executable, [sys.executable, "-m", __spec__.name, *sys.argv[1:]], environment(os.environ))
     os.environ.pop("OMP_NUM_THREADS", None)  # OpenMP reads it once, at load: each rank sets its own threads
     if not warmstart.warm_up(None, tuple(args.modules)):
         return 1
