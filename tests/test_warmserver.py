@@ -207,6 +207,49 @@ def test_a_socket_of_another_user_gets_neither_the_environment_nor_the_descripto
     assert said == "0"  # the connection closed with nothing sent
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+def test_the_socket_is_the_owners_only_and_a_connection_from_another_user_is_refused(server):
+    """docs/run.md: the socket is made 0600; and a client of another user that gets to it all the same (here
+    past a loosened mode, through a folder descriptor handed to it) is refused before the server reads a word:
+    the server runs what a request asks, as its owner."""
+    sock, log = server
+    info = os.stat(sock)
+    assert info.st_mode & 0o777 == 0o600 and info.st_uid == os.getuid()
+    python = shutil.which("python3", path="/usr/bin:/bin")  # one that user may run (the venv's may be private)
+    if python is None:
+        pytest.skip("no system python3 for the other user")
+    client = ("import socket, sys\n"
+              "c = socket.socket(socket.AF_UNIX); c.settimeout(30); c.connect(sys.argv[1])\n"
+              "data = b''\n"
+              "try:\n"
+              "    c.sendall(b'{\"argv\": [\"python\"]}' * 100)\n"
+              "    while True:\n"
+              "        got = c.recv(65536)\n"
+              "        if not got: break\n"
+              "        data += got\n"
+              "except (BrokenPipeError, ConnectionResetError):\n"
+              "    pass  # closed by the server\n"
+              "print(len(data))\n")
+    forked = log.read_text().count("forked rank pid")
+    folder, mode = sock.parent, sock.parent.stat().st_mode & 0o777
+    fd = os.open(folder, os.O_PATH)
+    try:
+        folder.chmod(0o711)
+        sock.chmod(0o777)
+        done = subprocess.run([python, "-c", client, f"/proc/self/fd/{fd}/{sock.name}"], pass_fds=(fd,), cwd="/",
+                              preexec_fn=lambda: os.setuid(65534), capture_output=True, text=True, timeout=60)
+    finally:
+        sock.chmod(0o600)
+        folder.chmod(mode)
+        os.close(fd)
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr[-2000:]  # closed, nothing said
+    deadline = time.monotonic() + 30
+    while "refused a connection from another user" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.05)
+    assert log.read_text().count("forked rank pid") == forked
+
+
 @pytest.mark.parametrize("launcher", [["--launcher", "mpiexec", "--mpi", "hydra"], ["--launcher", "torchrun"]],
                          ids=["mpich-hydra", "torchrun"])
 def test_ranks_under_other_launchers_are_served_too(server, tmp_path, sprite_cmd, launcher):
