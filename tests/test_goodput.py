@@ -71,6 +71,11 @@ def test_json_has_exactly_the_documented_shape_and_goodput_is_productive_over_to
     assert list(result) == ["device_hours", "goodput"] and list(result["device_hours"]) == SHAPE
     assert result["goodput"] == pytest.approx(0.7, abs=1e-4)
     assert seconds_of(result)["other"] == pytest.approx(30.0)  # the first start-up is no restart
+    # ... unless it resumed from a checkpoint (sprite run --resume auto by hand, after a run that ended)
+    resumed = goodput.account([(attempt(1, T0, 100.0, "success", 20.0, resume=True),
+                                {1: [beat(50, T0 + 90, heartbeat.DONE)]})])
+    assert seconds_of(resumed)["restart"] == pytest.approx(20.0) and seconds_of(resumed)["other"] == \
+        pytest.approx(10.0)
 
 
 def test_a_stalled_attempt_waits_from_its_last_progress_and_loses_work_since_its_checkpoint():

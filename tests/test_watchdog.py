@@ -121,3 +121,24 @@ def test_heartbeat_files_round_trip_and_skip_damaged_ones(tmp_path):
         heartbeat.folder("/r", 2) and str(heartbeat.folder("/r", 2)) == "/r/heartbeat/attempt-2"
     assert heartbeat.folder_from_env({}) is None
     assert heartbeat.folder_from_env({"SPRITE_RUN_DIR": "/r"}) is None  # a run folder without sprite run's attempt
+
+
+def test_a_rank_that_fails_writes_its_last_step_before_it_exits(tmp_path):
+    """docs/long-runs.md: steps are written by a background thread at most every interval, and a rank that exits
+    (a failing one too) writes the step that thread had not written yet (beats.Heart at exit), so goodput's lost
+    work is measured to the rank's real last step."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "from sprite.contract import heartbeat\n"
+            "from sprite.runtime.beats import Heart\n"
+            "heart = Heart(Path(sys.argv[1]), 0, 3600.0)\n"  # the thread would not write for an hour
+            "heart.update(phase=heartbeat.TRAINING, step=1)\n"  # a phase change: written at once
+            "heart.update(step=7)\n"
+            "raise ValueError('the script fails')\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "the script fails" in done.stderr
+    beat = heartbeat.read_all(tmp_path)[0]
+    assert (beat.phase, beat.step, beat.first_step) == (heartbeat.TRAINING, 7, 1)
