@@ -1,5 +1,5 @@
-"""finish.abandon (sprite/runtime/finish.py): a failing rank leaves its gloo group at once, without waiting for a
-peer. The end-to-end test in test_run_e2e.py catches the abort it prevents only when the abort happens (about 1 run
+"""finish.finish and finish.abandon (sprite/runtime/finish.py): finished ranks end together, rank 0 last; a
+failing rank leaves its gloo group at once, without waiting for a peer. The end-to-end test in test_run_e2e.py catches the abort it prevents only when the abort happens (about 1 run
 in 10); this one checks the mechanism itself, every time, with two real gloo processes."""
 
 from __future__ import annotations
@@ -40,3 +40,37 @@ def test_abandon_destroys_the_group_without_waiting_for_a_peer(tmp_path):
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["initialized"] for r in records] == [False, False]
     assert records[0]["seconds"] < 2.5  # rank 0 did not wait for rank 1's 3 s
+
+
+def _finishing(rank: int, world: int, port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from sprite.runtime import finish
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.all_reduce(torch.ones(4))
+    if rank == 1:
+        time.sleep(1)  # the script ends later on rank 1, and its teardown takes 2 s more
+        destroy = dist.destroy_process_group
+        dist.destroy_process_group = lambda *args: (destroy(*args), time.sleep(2))[0]
+    start = time.monotonic()
+    finish.finish()
+    record = {"initialized": dist.is_initialized(), "seconds": time.monotonic() - start}
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+        json.dump(record, handle)
+
+
+@pytest.mark.slow
+def test_finished_ranks_wait_for_each_other_destroy_the_group_and_rank_0_leaves_last(tmp_path):
+    """docs/long-runs.md, Ending together: every rank waits for the others (through the store), destroys its
+    process group, and rank 0, whose process holds the store, returns only once the others have released it."""
+    import torch.multiprocessing as mp
+
+    from sprite.launch.rendezvous import free_port
+
+    mp.start_processes(_finishing, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert [first["initialized"], second["initialized"]] == [False, False]
+    # rank 0 waited for rank 1 to arrive (1 s) and then to release it after its own teardown (2 s more)
+    assert first["seconds"] >= 2.8 and second["seconds"] >= 2.0
