@@ -65,6 +65,42 @@ def fake_bin(tmp_path, monkeypatch) -> Path:
     return bin_dir
 
 
+def test_ctrl_c_while_the_client_runs_keeps_the_script_and_says_the_job_may_exist(tmp_path, fake_bin, sprite_cmd):
+    """A real `sprite sbatch` interrupted (SIGINT) while a FAKE sbatch runs: the job may exist already (and its
+    requeue submits this script again), so the script stays, the line says so, and the exit is 130."""
+    import signal
+    import sys
+
+    started = tmp_path / "client.started"
+    fake_client(fake_bin, "sbatch", f"touch {started}\nsleep 60\n")
+    spec = write_spec(tmp_path)
+    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+           f"{os.environ['PATH']}"}
+    proc = subprocess.Popen([*sprite_cmd, "sbatch", spec], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 130 and len(lines) == 1, err
+    assert "Interrupted while sbatch ran" in lines[0] and "may have been submitted" in lines[0], lines
+    kept = re.search(r"the script stays at (\S+?)\.?$", lines[0])
+    assert kept and Path(kept.group(1)).is_file(), lines[0]
+
+
+def test_an_interrupt_before_the_client_runs_removes_what_it_wrote(tmp_path, fake_bin, monkeypatch):
+    fake_client(fake_bin, "sbatch", "echo 'Submitted batch job 1'\n")
+    prepared = submit.prepare(write_spec(tmp_path, output_dir="out/jobs"), "slurm", cwd=str(tmp_path))
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(jobfiles, "write_script", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        submit.submit(prepared)
+    assert snapshot(tmp_path) == before  # nothing was asked of the scheduler: nothing is left
+
+
 def test_a_hung_client_is_stopped_with_everything_it_started(tmp_path, fake_bin, monkeypatch):
     pid_file = tmp_path / "sleeper.pid"
     fake_client(fake_bin, "sbatch", f"sleep 120 &\necho $! > {pid_file}\nwait\n")

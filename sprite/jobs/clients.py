@@ -14,7 +14,7 @@ import subprocess
 
 from sprite import schedulers
 from sprite.spec import sites
-from sprite.errors import UsageError, one_line
+from sprite.errors import SpriteError, UsageError, one_line
 from sprite.schedulers.base import Scheduler
 
 TIMEOUT = 60.0  # seconds; a healthy login node answers in well under a second, a busy one in a few
@@ -22,6 +22,12 @@ TIMEOUT = 60.0  # seconds; a healthy login node answers in well under a second, 
 
 class ClientTimeout(UsageError):
     """A client did not answer in time; a submission may or may not have gone through."""
+
+
+class ClientInterrupted(SpriteError):
+    """sprite was interrupted (Ctrl-C) while a submit command ran; the job may or may not exist."""
+
+    exit_code = 130
 
 
 def program(name: str, scheduler: Scheduler) -> str:

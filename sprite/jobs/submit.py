@@ -147,13 +147,15 @@ def submit(prepared: Prepared) -> tuple[str, Prepared]:
 
     A refused submission removes the script and the folders it created, so the user's files are as they were.
     Raises UsageError (missing command, a variable to pass that this environment does not set, unusable output
-    folder, refused job), ClientTimeout (kept script: the job may exist).
+    folder, refused job), ClientTimeout and ClientInterrupted (Ctrl-C while the client ran): both keep the script,
+    since the job may exist and its requeue submits that script again.
     """
     scheduler = schedulers.get(prepared.kind)
     command = clients.program(scheduler.submit_program, scheduler)
     secret_env.missing([n for n in prepared.pass_env if n not in prepared.literals], os.environ, prepared.secrets)
     written = jobfiles.Written()
     jobfiles.output_folder(prepared.block.output_dir, written)
+    asked = False  # whether the submit command was started: from then on the job may exist
     try:
         while not jobfiles.write_script(prepared.script_path, prepared.text, written):
             block = prepared.block
@@ -161,11 +163,20 @@ def submit(prepared: Prepared) -> tuple[str, Prepared]:
                                                                                              scheduler)))
         argv = scheduler.submit_argv(command, prepared.script_path, prepared.log_path)
         env = {**os.environ, **prepared.literals}  # with umask 077 (clients.call): the job's log is owner-only
+        asked = True
         done = clients.run(argv, f"{scheduler.submit_program} {prepared.script_path}", env)
     except clients.ClientTimeout as err:
         raise clients.ClientTimeout(f"{err.what} The job may have been submitted all the same: check the queue "
                                     f"before submitting again (the script stays at {prepared.script_path}).",
                                     err.cause, err.fix) from None
+    except KeyboardInterrupt:
+        if not asked:
+            written.undo()
+            raise
+        raise clients.ClientInterrupted(
+            f"Interrupted while {scheduler.submit_program} ran: the job may have been submitted all the same.",
+            "The scheduler may have taken it before the interrupt reached its client.",
+            f"Check the queue before submitting again; the script stays at {prepared.script_path}.") from None
     except BaseException:
         written.undo()
         raise
