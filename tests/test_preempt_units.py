@@ -163,6 +163,19 @@ def _fake(bin_dir: Path, name: str, code: int) -> Path:
     return fake
 
 
+def test_a_requeue_answer_that_is_not_utf8_is_recorded_with_the_bad_bytes_replaced(tmp_path, monkeypatch):
+    """docs/jobs.md: client output that is not UTF-8 is read with the bad bytes replaced, inside a job too (the
+    requeue's own qsub call: a strict decode would end sprite run with a traceback at the preemption)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "qsub").write_text("#!/bin/bash\nprintf '10.x \\377 queued\\n'\n")  # a FAKE qsub
+    (bin_dir / "qsub").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    job = {"PBS_JOBID": "9.x", "PBS_NODEFILE": "/nodes", contract.JOB_SCRIPT: "/jobs/j.pbs"}
+    assert requeue.request(_Run(tmp_path), job)
+    assert audit.read(tmp_path / "audit.jsonl")[-1]["answer"] == "10.x \ufffd queued"
+
+
 @pytest.mark.parametrize("code", [0, 1])
 def test_requeue_asks_the_scheduler_and_records_its_answer(tmp_path, monkeypatch, code):
     _fake(tmp_path / "bin", "qsub", code)

@@ -39,7 +39,7 @@ def request(run, environ: Mapping[str, str]) -> bool:
     scheduler = schedulers.detect(environ)
     try:
         argv = scheduler.requeue_argv(environ, _program)
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT)
         answer = (done.stdout + done.stderr).strip()[-500:]
         accepted, code = done.returncode == 0, done.returncode
     except (SpriteError, OSError, subprocess.TimeoutExpired) as err:

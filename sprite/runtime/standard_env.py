@@ -72,7 +72,7 @@ def slurm_node_address(host: str, env: Mapping[str, str]) -> str:
         return host
     try:
         shown = subprocess.run(["scontrol", "-o", "show", "node", host], env=dict(env), capture_output=True,
-                               text=True, timeout=30).stdout
+                               text=True, errors="replace", timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return host
     found = re.search(r"\bNodeAddr=(\S+)", shown)
