@@ -242,3 +242,24 @@ def test_a_submission_slurm_refuses_leaves_everything_as_it_was(slurm, sprite_cm
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "sbatch" in lines[0] and "partition" in lines[0], done.stderr
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind, line", [("pbs", "#PBS -W depend=afterok:123:456\n"),
+                                        ("slurm", "#SBATCH --dependency=afterok:123:456\n")])
+def test_a_dependency_waits_for_the_jobs_named_to_succeed(tmp_path, kind, line):
+    """docs/jobs.md: `dependency: afterok:ID` (IDs joined by ':') starts the job only after those succeeded."""
+    text = submit.prepare(write_spec(tmp_path, dependency="afterok:123:456"), kind, cwd=str(tmp_path)).text
+    assert [found + "\n" for found in text.splitlines() if found.startswith(("#PBS -W", "#SBATCH --dep"))] == [line]
+
+
+def test_a_client_that_prints_no_job_id_keeps_the_script_and_says_to_check_the_queue(tmp_path, fake_bin):
+    """A submit command that exits 0 but prints no job id may still have queued the job: exit 2, one line, and
+    the script stays for the user to check against the queue."""
+    fake_client(fake_bin, "sbatch", "echo 'all good, I think'\n")  # a FAKE sbatch
+    prepared = submit.prepare(write_spec(tmp_path), "slurm", cwd=str(tmp_path))
+    with pytest.raises(UsageError) as caught:
+        submit.submit(prepared)
+    line = report(caught.value)
+    assert "printed no job id" in line and "all good, I think" in line and "Check its queue" in line, line
+    assert caught.value.exit_code == 2 and "\n" not in line
+    assert Path(prepared.script_path).is_file()

@@ -109,9 +109,12 @@ class Scheduler:
         raise NotImplementedError
 
     def parse_job_id(self, stdout: str) -> str:
-        """The job id from the submit command's output ("" when it printed none)."""
-        lines = stdout.strip().splitlines()
-        return lines[-1].split()[-1].split(";")[0] if lines else ""
+        """The job id from the submit command's output ("" when it printed none): the last word of its last line
+        (Slurm's "Submitted batch job 123", --parsable's "123;cluster", PBS's "123.server"), which for both systems
+        starts with the job's number; a word that does not is no job id ("all good" is not a job)."""
+        words = stdout.strip().splitlines()[-1].split() if stdout.strip() else []
+        found = words[-1].split(";")[0] if words else ""
+        return found if found[:1].isdigit() else ""
 
     def status(self, job_id: str, run: Callable[[list[str], str], subprocess.CompletedProcess],
                program: Callable[[str], str]) -> str:
