@@ -263,3 +263,18 @@ def test_a_client_that_prints_no_job_id_keeps_the_script_and_says_to_check_the_q
     assert "printed no job id" in line and "all good, I think" in line and "Check its queue" in line, line
     assert caught.value.exit_code == 2 and "\n" not in line
     assert Path(prepared.script_path).is_file()
+
+
+def test_a_file_made_at_the_scripts_name_after_planning_is_kept_and_the_next_name_used(tmp_path, fake_bin):
+    """docs/jobs.md: a script name is never replaced; one taken between planning and writing (another submission,
+    the user) is kept byte for byte and the script goes to the first free number after it."""
+    fake_client(fake_bin, "sbatch", "echo 'Submitted batch job 77'\n")  # a FAKE sbatch
+    prepared = submit.prepare(write_spec(tmp_path), "slurm", cwd=str(tmp_path))
+    taken = Path(prepared.script_path)
+    taken.parent.mkdir(parents=True, exist_ok=True)
+    taken.write_text("the user's own file\n")
+    job_id, submitted = submit.submit(prepared)
+    assert job_id == "77" and taken.read_text() == "the user's own file\n"
+    assert submitted.script_path != prepared.script_path and Path(submitted.script_path).is_file()
+    assert re.search(r"-(\d+)\.sbatch$", submitted.script_path).group(1) == str(
+        int(re.search(r"-(\d+)\.sbatch$", prepared.script_path).group(1)) + 1)
