@@ -278,3 +278,22 @@ def test_a_file_made_at_the_scripts_name_after_planning_is_kept_and_the_next_nam
     assert submitted.script_path != prepared.script_path and Path(submitted.script_path).is_file()
     assert re.search(r"-(\d+)\.sbatch$", submitted.script_path).group(1) == str(
         int(re.search(r"-(\d+)\.sbatch$", prepared.script_path).group(1)) + 1)
+
+
+def test_pbs_status_and_cancel_ask_qstat_and_qdel_for_the_job(tmp_path, fake_bin):
+    """docs/jobs.md: `sprite status` runs qstat and `sprite cancel` qdel on the job id (FAKE clients recording
+    their arguments); a refusal is one line, exit 2."""
+    from sprite import schedulers
+
+    record = tmp_path / "argv.txt"
+    fake_client(fake_bin, "qstat", f'echo "qstat $*" >> {record}\necho "Job id  Name  State"\necho "9.x  t  R"\n')
+    fake_client(fake_bin, "qdel", f'echo "qdel $*" >> {record}\n')
+    pbs = schedulers.get("pbs")
+    assert clients.status("9.x", pbs) == "Job id  Name  State\n9.x  t  R"
+    clients.cancel("9.x", pbs)
+    assert record.read_text().splitlines() == ["qstat 9.x", "qdel 9.x"]
+    fake_client(fake_bin, "qdel", "echo 'qdel: Unknown Job Id 10.x' >&2\nexit 1\n")
+    with pytest.raises(UsageError) as caught:
+        clients.cancel("10.x", pbs)
+    line = report(caught.value)
+    assert "qdel 10.x failed (exit 1): qdel: Unknown Job Id 10.x" in line and caught.value.exit_code == 2
