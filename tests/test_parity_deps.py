@@ -18,6 +18,17 @@ def test_missing_peft_is_a_usage_error_before_anything_runs(monkeypatch):
     assert err.value.exit_code == 2
 
 
+def test_ckpt_check_without_peft_is_a_usage_error_too(monkeypatch):
+    """README: sprite ckpt-check needs the parity extra as sprite parity and sprite bench do."""
+    from sprite.parity.ckpt import cli as ckpt_command
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    with pytest.raises(UsageError, match=r"sprite ckpt-check needs peft.*sprite-hpc\[parity\]") as err:
+        ckpt_command.settings_from("32-true", 2, 1, "tiny", "cpu", 60)
+    assert err.value.exit_code == 2
+
+
 def test_with_dependencies_present_settings_are_built():
     settings = command._settings("32-true", 2, 1, "tiny", "cpu", [])
     assert settings.devices == 2 and settings.model == "tiny"

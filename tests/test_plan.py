@@ -225,3 +225,11 @@ def test_the_ephemeral_range_falls_back_to_linuxs_default(tmp_path):
     (tmp_path / "bad").write_text("forty\n")
     assert rendezvous.ephemeral_range(str(tmp_path / "bad")) == rendezvous.EPHEMERAL_DEFAULT
     assert rendezvous.ephemeral_range(str(tmp_path / "missing")) == rendezvous.EPHEMERAL_DEFAULT
+
+
+def test_polaris_runs_pals_mpiexec_with_four_ranks_a_node(pbs_env, example_script):
+    """README and docs/run.md: PALS mpiexec on Aurora and Polaris; Polaris's profile gives 4 ranks a node."""
+    plan = plan_run({"script": example_script, "site": "polaris"}, pbs_env)
+    assert plan.argv[:11] == ["mpiexec", "--label", "--line-buffer", "-n", "8", "--ppn", "4", "--cpu-bind", "depth",
+                              "--depth", "8"]  # PALS's options; Hydra's would be -ppn and -hosts
+    assert "-hosts" not in plan.argv and plan.env["WORLD_SIZE"] == "8"
