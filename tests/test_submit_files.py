@@ -252,6 +252,18 @@ def test_a_dependency_waits_for_the_jobs_named_to_succeed(tmp_path, kind, line):
     assert [found + "\n" for found in text.splitlines() if found.startswith(("#PBS -W", "#SBATCH --dep"))] == [line]
 
 
+@pytest.mark.parametrize("kind, stdout, job_id", [
+    ("slurm", "Submitted batch job 4242\n", "4242"), ("slurm", "4242;cluster2\n", "4242"),
+    ("slurm", "Submitted batch job 4242 on cluster c1\n", "4242"), ("pbs", "8505298.aurora-pbsadmin-0001\n",
+                                                                      "8505298.aurora-pbsadmin-0001"),
+    ("pbs", "77[].pbs\n", "77[].pbs"), ("slurm", "all good, I think\n", ""), ("pbs", "", ""),
+])
+def test_the_job_id_is_the_submit_outputs_last_word_that_starts_with_a_digit(kind, stdout, job_id):
+    from sprite import schedulers
+
+    assert schedulers.get(kind).parse_job_id(stdout) == job_id
+
+
 def test_a_client_that_prints_no_job_id_keeps_the_script_and_says_to_check_the_queue(tmp_path, fake_bin):
     """A submit command that exits 0 but prints no job id may still have queued the job: exit 2, one line, and
     the script stays for the user to check against the queue."""

@@ -110,11 +110,11 @@ class Scheduler:
 
     def parse_job_id(self, stdout: str) -> str:
         """The job id from the submit command's output ("" when it printed none): the last word of its last line
-        (Slurm's "Submitted batch job 123", --parsable's "123;cluster", PBS's "123.server"), which for both systems
-        starts with the job's number; a word that does not is no job id ("all good" is not a job)."""
+        that starts with a digit, as both systems' ids start with the job's number (Slurm's "Submitted batch job
+        123", "... 123 on cluster c1" under --clusters, --parsable's "123;cluster"; PBS's "123.server"). Output
+        without one ("all good") names no job."""
         words = stdout.strip().splitlines()[-1].split() if stdout.strip() else []
-        found = words[-1].split(";")[0] if words else ""
-        return found if found[:1].isdigit() else ""
+        return next((word.split(";")[0] for word in reversed(words) if word[:1].isdigit()), "")
 
     def status(self, job_id: str, run: Callable[[list[str], str], subprocess.CompletedProcess],
                program: Callable[[str], str]) -> str:
