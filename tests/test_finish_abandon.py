@@ -11,7 +11,9 @@ import time
 import pytest
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
+def _rank(rank: int, world: int, port: int, out: str, ending: str) -> None:
+    """One gloo rank that ends with ``finish.<ending>()`` and records whether its group is left and how long the
+    call took. Rank 1 comes later: for abandon, 3 s still in the group; for finish, 1 s, then a teardown of 2 s."""
     import torch
     import torch.distributed as dist
 
@@ -19,10 +21,14 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     dist.all_reduce(torch.ones(4))
-    if rank == 1:
+    if rank == 1 and ending == "abandon":
         time.sleep(3)  # still in the group while rank 0 leaves: abandon must not wait for it
+    elif rank == 1:
+        time.sleep(1)  # the script ends later on rank 1, and its teardown takes 2 s more
+        destroy = dist.destroy_process_group
+        dist.destroy_process_group = lambda *args: (destroy(*args), time.sleep(2))[0]
     start = time.monotonic()
-    finish.abandon()
+    getattr(finish, ending)()
     record = {"initialized": dist.is_initialized(), "seconds": time.monotonic() - start}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump(record, handle)
@@ -36,29 +42,10 @@ def test_abandon_destroys_the_group_without_waiting_for_a_peer(tmp_path):
     from sprite.runtime import finish
 
     finish.abandon()  # no process group here: nothing to do, and no error
-    mp.start_processes(_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, free_port(), str(tmp_path), "abandon"), nprocs=2, start_method="spawn")
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["initialized"] for r in records] == [False, False]
     assert records[0]["seconds"] < 2.5  # rank 0 did not wait for rank 1's 3 s
-
-
-def _finishing(rank: int, world: int, port: int, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from sprite.runtime import finish
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    dist.all_reduce(torch.ones(4))
-    if rank == 1:
-        time.sleep(1)  # the script ends later on rank 1, and its teardown takes 2 s more
-        destroy = dist.destroy_process_group
-        dist.destroy_process_group = lambda *args: (destroy(*args), time.sleep(2))[0]
-    start = time.monotonic()
-    finish.finish()
-    record = {"initialized": dist.is_initialized(), "seconds": time.monotonic() - start}
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
-        json.dump(record, handle)
 
 
 @pytest.mark.slow
@@ -69,7 +56,7 @@ def test_finished_ranks_wait_for_each_other_destroy_the_group_and_rank_0_leaves_
 
     from sprite.launch.rendezvous import free_port
 
-    mp.start_processes(_finishing, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, free_port(), str(tmp_path), "finish"), nprocs=2, start_method="spawn")
     first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert [first["initialized"], second["initialized"]] == [False, False]
     # rank 0 waited for rank 1 to arrive (1 s) and then to release it after its own teardown (2 s more)
