@@ -415,7 +415,6 @@ def _on_a_thread(fn):
     return got[0]
 
 
-
 def _writer(mode: str) -> None:
     """Background saves from here on are written in ``mode``, as ``sprite run --checkpoint-writer`` sets it."""
     from sprite import contract

@@ -57,10 +57,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400, help="steps timed alone before each arm")
     parser.add_argument("--dir", default=None, help="where the file is written (default: the temporary folder)")
     args = parser.parse_args()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    from sprite.integrity.digest import rank_cores
+
+    cores = rank_cores()  # this process's cores (outside a rank: its affinity, not shared)
     try:
         counts = [int(part) for part in args.threads.split(",") if part.strip()] or \
             sorted({max(1, cores >> shift) for shift in range(cores.bit_length())}, reverse=True)

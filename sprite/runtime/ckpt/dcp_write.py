@@ -232,16 +232,21 @@ def quiet_checkpoint_process() -> None:
     (``torch_names.DCP_PROCESS_MODULE``) are dropped; a rename there lets them through again."""
     import logging
 
-    from sprite.runtime.ckpt.torch_names import DCP_PROCESS_MODULE
-
-    class PerSaveLines(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return record.levelno >= logging.WARNING or not record.pathname.endswith(source)
-
-    source = os.path.join(*DCP_PROCESS_MODULE.split(".")) + ".py"
     root = logging.getLogger()
-    if not any(type(kept).__name__ == "PerSaveLines" for kept in root.filters):
-        root.addFilter(PerSaveLines())
+    if not any(isinstance(kept, _PerSaveLines) for kept in root.filters):
+        root.addFilter(_PerSaveLines())
+
+
+class _PerSaveLines:
+    """A logging filter: records below WARNING from torch's checkpoint process module are dropped."""
+
+    def __init__(self):
+        from sprite.runtime.ckpt.torch_names import DCP_PROCESS_MODULE
+
+        self.source = os.path.join(*DCP_PROCESS_MODULE.split(".")) + ".py"
+
+    def filter(self, record) -> bool:
+        return record.levelno >= 30 or not record.pathname.endswith(self.source)  # 30: logging.WARNING
 
 
 def writer(path) -> FileSystemWriter:
