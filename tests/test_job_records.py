@@ -46,7 +46,7 @@ def test_pbs_status_record_asks_qstat_for_history_json(tmp_path):
 
     record = pbs.PBS().status_record("8505301", run, lambda name: f"/opt/pbs/bin/{name}")
     assert calls == [["/opt/pbs/bin/qstat", "-x", "-f", "-F", "json", "8505301"]]
-    assert record["state"] == "FINISHED" and record["source"] == "qstat -f -F json"
+    assert record["state"] == "FINISHED" and record["source"] == "qstat -x -f -F json"
 
 
 SLURM_23 = {"jobs": [{"job_id": 77, "name": "train", "job_state": ["FAILED"], "state_reason": "NonZeroExitCode",

@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
     job_id_arg = typer.Argument(..., help="the job id sprite qsub/sbatch printed")
 
     @app.command("status", help="Show a job's state (qstat / squeue, or scontrol once it left the queue).\n\n"
-                                "With --json: one record read from the scheduler's own JSON (qstat -f -F json, "
+                                "With --json: one record read from the scheduler's own JSON (qstat -x -f -F json, "
                                 "squeue --json, scontrol --json): job_id, name, state, reason, exit_code, nodes, "
                                 "log, source.\n\nExample: sprite status 1234")
     def status(job_id: str = job_id_arg, scheduler: Optional[Kind] = scheduler_opt,

@@ -19,13 +19,16 @@ from sprite.schedulers.base import Scheduler, loads
 REQUEUE_COUNT = "SPRITE_REQUEUE_COUNT"  # given to a resubmitted job by requeue_argv: how many runs came before
 
 
+# The status record's query: -x adds finished jobs from the server's job history; -f -F json, every field as JSON.
+QSTAT_JSON = "qstat -x -f -F json"
+
 # PBS Pro's one-letter job states (qstat(1B), "Job states").
 STATES = {"B": "BEGUN", "E": "EXITING", "F": "FINISHED", "H": "HELD", "M": "MOVED", "Q": "QUEUED", "R": "RUNNING",
           "S": "SUSPENDED", "T": "TRANSIT", "U": "USER_SUSPENDED", "W": "WAITING", "X": "EXPIRED"}
 
 
 def parse_qstat_json(text: str, job_id: str) -> dict | None:
-    """The normalised record of ``job_id`` in ``qstat -f -F json`` output (None if absent). Job keys carry the
+    """The normalised record of ``job_id`` in ``qstat -x -f -F json`` output (None if absent). Job keys carry the
     server name ("123.aurora-pbs-0001..."), so a bare number matches the key's first part. A field of another
     type than PBS Pro writes is read as absent (None).
 
@@ -44,7 +47,7 @@ def parse_qstat_json(text: str, job_id: str) -> dict | None:
                     "state": STATES.get(state, state), "reason": _text(job.get("comment")),
                     "exit_code": code if type(code) is int else None, "nodes": _text(job.get("exec_host")),
                     "log": log.split(":", 1)[-1] or None if log else None, "queue": _text(job.get("queue")),
-                    "account": _text(job.get("Account_Name")), "source": "qstat -f -F json"}
+                    "account": _text(job.get("Account_Name")), "source": QSTAT_JSON}
     return None
 
 
@@ -167,12 +170,12 @@ class PBS(Scheduler):
         return run([program("qstat"), job_id], f"qstat {job_id}").stdout.rstrip()
 
     def status_record(self, job_id, run, program) -> dict:
-        """``qstat -x -f -F json`` (-x: finished jobs too, from the server's job history)."""
-        text = run([program("qstat"), "-x", "-f", "-F", "json", job_id], f"qstat -f -F json {job_id}").stdout
+        """The job's record from ``QSTAT_JSON``."""
+        text = run([program("qstat"), *QSTAT_JSON.split()[1:], job_id], f"{QSTAT_JSON} {job_id}").stdout
         try:
             record = parse_qstat_json(text, job_id)
         except ValueError:
-            raise UsageError(f"qstat -f -F json {job_id} printed no PBS Pro JSON.",
+            raise UsageError(f"{QSTAT_JSON} {job_id} printed no PBS Pro JSON.",
                              "This qstat is not PBS Pro's (Slurm's and Torque's PBS-style qstat have no -F json).",
                              "Run it on a PBS Pro login node, or leave out --json.") from None
         if record is None:
