@@ -292,6 +292,21 @@ def test_a_file_made_at_the_scripts_name_after_planning_is_kept_and_the_next_nam
         int(re.search(r"-(\d+)\.sbatch$", prepared.script_path).group(1)) + 1)
 
 
+def test_a_slurm_log_left_from_an_earlier_job_keeps_its_number_from_being_reused(tmp_path, fake_bin):
+    """docs/jobs.md: n is the first number not yet used. A Slurm log is named by the job id sbatch fills in
+    (``train-1-%j.log``), so a log left alone (its script deleted) still takes its number."""
+    fake_client(fake_bin, "sbatch", "echo 'Submitted batch job 78'\n")  # a FAKE sbatch
+    folder = tmp_path / "sprite-jobs"
+    folder.mkdir()
+    (folder / "train-1-77.log").write_text("the earlier job's log\n")
+    (folder / "train-3.sbatch").write_text("the user's own script\n")
+    prepared = submit.prepare(write_spec(tmp_path), "slurm", cwd=str(tmp_path))
+    job_id, submitted = submit.submit(prepared)
+    assert (job_id, Path(submitted.script_path).name) == ("78", "train-2.sbatch")
+    assert submitted.log_path.endswith("/train-2-%j.log")
+    assert (folder / "train-1-77.log").read_text() == "the earlier job's log\n"
+
+
 def test_pbs_status_and_cancel_ask_qstat_and_qdel_for_the_job(tmp_path, fake_bin):
     """docs/jobs.md: `sprite status` runs qstat and `sprite cancel` qdel on the job id (FAKE clients recording
     their arguments); a refusal is one line, exit 2."""

@@ -8,7 +8,9 @@ created with ``integrity.write_new`` (O_CREAT|O_EXCL|O_NOFOLLOW, 0600) in folder
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 from dataclasses import dataclass, field
 
 from sprite.errors import UsageError, one_line
@@ -75,14 +77,21 @@ def output_folder(folder: str, written: Written) -> None:
 
 
 def free_stem(job_name: str, paths) -> str:
-    """The first ``<job_name>-<n>`` whose files (``paths(stem)``; names holding % are filled in by the
-    scheduler and skipped) do not exist. Raises UsageError after MAX_TRIES taken names."""
+    """The first ``<job_name>-<n>`` none of whose files (``paths(stem)``) exist. A name holding %, which the
+    scheduler fills in (``train-1-%j.log``), is taken when any file matches it with each % field as ``*``, so a
+    log left from an earlier job keeps its number from being reused. Raises UsageError after MAX_TRIES names."""
     for number in range(1, MAX_TRIES + 1):
         stem = f"{job_name}-{number}"
-        if not any(os.path.lexists(path) for path in paths(stem) if "%" not in path):
+        if not any(_taken(path) for path in paths(stem)):
             return stem
     raise UsageError(f"{MAX_TRIES} job scripts named {job_name}-<n> exist already.", "",
                      "Clean up the output folder or set scheduler.job_name.")
+
+
+def _taken(path: str) -> bool:
+    if "%" not in path:
+        return os.path.lexists(path)
+    return bool(glob.glob(re.sub(r"%[^/]", "*", glob.escape(path))))
 
 
 def write_script(path: str, text: str, written: Written) -> bool:
