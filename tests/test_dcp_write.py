@@ -4,6 +4,8 @@ sprite's load equal to the state saved; a save inside a sealed save returns with
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import os
 import threading
@@ -118,6 +120,68 @@ def test_no_crc32_nests_and_restores_torchs_setting():
             assert not torch.serialization.get_crc32_options()
         assert not torch.serialization.get_crc32_options()
     assert torch.serialization.get_crc32_options() == before
+
+
+class _FullDisk:
+    """A file torch's writer writes into whose writes fail with ENOSPC once ``room`` bytes are in it (a full disk
+    simulated: no file system of this machine can be filled by an unprivileged test)."""
+
+    def __init__(self, stream, room: int):
+        self.stream, self.room = stream, room
+
+    def write(self, data):
+        if self.stream.tell() + len(memoryview(data).cast("B")) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.stream.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _disk_full_in(monkeypatch, which, room: int = 600) -> None:
+    """sprite's writer gets a file system whose files fill up at ``room`` bytes in the threads ``which`` names."""
+    made = dcp_write.writer
+
+    def writer(path):
+        made_writer = made(path)
+        create = made_writer.fs.create_stream
+
+        @contextlib.contextmanager
+        def create_stream(file, mode):
+            with create(file, mode) as stream:
+                yield _FullDisk(stream, room) if which(threading.current_thread()) else stream
+
+        made_writer.fs.create_stream = create_stream
+        return made_writer
+
+    monkeypatch.setattr(dcp_write, "writer", writer)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's, passed on
+def test_a_writing_thread_that_fails_fails_the_save_instead_of_leaving_its_items_out(tmp_path, monkeypatch):
+    """torch returns the other threads' results as a success when one of its further writing threads ends with an
+    exception, and would record a checkpoint that lacks that thread's items; sprite's writer fails the save."""
+    monkeypatch.setattr(dcp_write, "threads", lambda: 2)
+    _disk_full_in(monkeypatch, lambda thread: thread is not threading.main_thread())
+    state = {f"t{i}": torch.randn(2000) for i in range(4)}
+    with pytest.raises(OSError) as caught:
+        hashed_save.dcp_save(state, tmp_path / "ckpt")
+    message = str(caught.value)
+    assert "of 4 items" in message and "No space left on device" in message, message
+    assert "\n" not in message and not (tmp_path / "ckpt" / ".metadata").exists()
+
+
+def test_a_full_disk_inside_an_items_torch_save_is_named_not_the_zip_writers_position(tmp_path, monkeypatch):
+    """torch.save, cleaning up after an OSError, raises "unexpected pos N vs M" from its zip writer; sprite's writer
+    raises the OSError."""
+    monkeypatch.setattr(dcp_write, "threads", lambda: 1)
+    _disk_full_in(monkeypatch, lambda thread: True, room=1000)  # the item's zip header fits, its data does not
+    with pytest.raises(OSError) as caught:
+        hashed_save.dcp_save({"w": torch.randn(200_000)}, tmp_path / "ckpt")
+    message = str(caught.value)
+    assert "No space left on device" in message and "unexpected pos" not in message, message
+    assert message.startswith("torch's writer failed on rank 0: OSError: [Errno 28]"), message
+    assert not (tmp_path / "ckpt" / ".metadata").exists()
 
 
 def test_sprite_writes_no_archive_format_of_its_own():

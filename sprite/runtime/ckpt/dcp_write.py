@@ -48,7 +48,9 @@ own.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import threading
 
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
@@ -211,16 +213,95 @@ def new_group() -> None:
 
 
 class Writer(FileSystemWriter):
-    """torch's FileSystemWriter, writing its items without CRC-32 (module docstring)."""
+    """torch's FileSystemWriter, writing its items without CRC-32 (module docstring), whose write fails whenever one
+    of its items was not written (:meth:`write_data`)."""
 
     def write_data(self, plan, planner):
-        with no_crc32():
-            return super().write_data(plan, planner)
+        """torch's write, with two of its failures made plain (both seen with torch 2.11-2.13 on a full disk):
+        - When ``thread_count`` > 1, an exception in one of torch's further writing threads ends that thread alone
+          (Python prints its traceback) and torch returns the other threads' results as a success, so ``finish``
+          would record a checkpoint without that thread's items, which no reader can load. The results are
+          checked against the plan's items here, and a shortfall fails the write, naming the thread's exception.
+        - An ``OSError`` inside an item's ``torch.save`` (ENOSPC) reaches the caller as the zip writer's
+          "unexpected pos N vs M", raised as torch's ``torch.save`` cleans up, with the OSError as its context;
+          in process mode only the later exception crosses to the rank. The OSError is raised instead."""
+        expected = {item.index for item in plan.items}
+        with no_crc32(), _thread_failures() as failed:
+            try:
+                future = super().write_data(plan, planner)
+            except Exception as err:
+                cause = _os_error(err)
+                if cause is err or cause is None:
+                    raise
+                raise cause from err
+        if future.done():  # as torch 2.11-2.13 return it: the write is over
+            _all_written(future.value(), expected, failed, self.path)
+            return future
+        return future.then(lambda done: _all_written(done.value(), expected, failed, self.path))
 
     def __setstate__(self, state: dict) -> None:
         """Where torch sends the writer at every save, its checkpoint process (process mode), it is unpickled here."""
         self.__dict__.update(state)
         quiet_checkpoint_process()
+
+
+def _all_written(results: list, expected: set, failed: list, path) -> list:
+    """``results`` when they hold a result for every item index in ``expected``; else raises OSError naming the
+    first exception a writing thread ended with (``failed``), or where its traceback went."""
+    missing = expected - {result.index for result in results}
+    if not missing:
+        return results
+    error = failed[0] if failed else None
+    why = (f"{type(error).__name__}: {one_line(str(error), 200)}" if error is not None
+           else "the thread's traceback is in this rank's output")
+    raise OSError(getattr(error, "errno", None) or errno.EIO,
+                  f"one of torch's writing threads failed ({why}): only {len(expected) - len(missing)} of "
+                  f"{len(expected)} items of this rank's part of {path} were written")
+
+
+def _os_error(err: BaseException) -> BaseException | None:
+    """``err`` if it is an OSError, else the first OSError among the exceptions it was raised from or while
+    handling (``__cause__``, ``__context__``), else None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+_failed_threads: list = []  # [(the list a write in progress collects into, the threads alive as it began)]
+_hook_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _thread_failures():
+    """Collects, into the list yielded, the exceptions that end threads started inside the block (torch's further
+    writing threads), through ``threading.excepthook`` (installed once; the hook before it still runs)."""
+    global _previous_hook
+    failed: list = []
+    entry = (failed, set(threading.enumerate()))
+    with _hook_lock:
+        if threading.excepthook is not _note_thread_failure:
+            _previous_hook, threading.excepthook = threading.excepthook, _note_thread_failure
+        _failed_threads.append(entry)
+    try:
+        yield failed
+    finally:
+        with _hook_lock:
+            _failed_threads[:] = [kept for kept in _failed_threads if kept is not entry]
+
+
+_previous_hook = threading.excepthook
+
+
+def _note_thread_failure(args) -> None:
+    with _hook_lock:
+        for failed, before in _failed_threads:
+            if args.thread is not None and args.thread not in before:
+                failed.append(args.exc_value)
+    _previous_hook(args)
 
 
 def quiet_checkpoint_process() -> None:

@@ -192,9 +192,14 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
                               "only into a new folder (nothing in it is written over).")
     if _collect is None:
         from torch.distributed.checkpoint import save
+        from torch.distributed.checkpoint.api import CheckpointException
 
-        with paused_gc():
-            save(converted_state, storage_writer=dcp_write.writer(path), planner=dcp_write.planner(converted_state))
+        try:
+            with paused_gc():
+                save(converted_state, storage_writer=dcp_write.writer(path),
+                     planner=dcp_write.planner(converted_state))
+        except CheckpointException as err:  # a BaseException, whose text is every rank's traceback
+            raise OSError(f"torch's writer failed on {torch_failures(err)}") from None
         return
     from sprite.runtime.ckpt import background
 
@@ -256,7 +261,7 @@ def torch_failures(err) -> str:
     named = []
     for rank, wrapped in sorted((getattr(err, "failures", None) or {}).items()):
         error = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
-        named.append(f"rank {rank}: {type(error).__name__}: {one_line(str(error), 200)}")
+        named.append(f"rank {rank}: {type(error).__name__}: {one_line(str(error), 300)}")
     return "; ".join(named) or one_line(str(err), 300)
 
 
