@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -381,6 +382,9 @@ def _steps(model, optimizer, args, root: pathlib.Path, state_of, every: int) -> 
             staged += time.perf_counter() - called
             # queued after the save's seal job, on the same thread, so it runs once that save is sealed
             durable.later(lambda since=called: windows.append((since, time.perf_counter())))
+            if rank == 0 and _FIT_SAVES[0] > 1:  # the save before, superseded once this one is sealed, as in a run
+                # that keeps one: 35 saves of this state kept filled an H200 host's 64 GiB disk (2026-12-04)
+                durable.later(lambda old=root / f"fit-save{_FIT_SAVES[0] - 1}": shutil.rmtree(old, ignore_errors=True))
             del state
     sync()
     # NCCL reduces device tensors only
