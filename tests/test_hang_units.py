@@ -231,6 +231,14 @@ def test_the_plan_tells_the_ranks_when_to_dump_and_turns_the_recorder_on(tmp_pat
     _, plan = entry.prepare({"script": str(script), "stall_timeout": "6"}, None, str(tmp_path / "r2"),
                             {stacks.RECORDER_BUFFER: "50"})
     assert stacks.RECORDER_BUFFER not in plan.env  # the user's own setting stays
+    _, plan = entry.prepare({"script": str(script), "stall_timeout": "6"}, None, str(tmp_path / "r4"),
+                            {stacks.RECORDER_OLD_BUFFER: "50"})
+    assert stacks.RECORDER_BUFFER not in plan.env  # under its older name too
+    for number, given in enumerate(({stacks.RECORDER_BUFFER: "50"}, {stacks.RECORDER_OLD_BUFFER: "7"})):
+        flags = {"script": str(script), "stall_timeout": "6", "env": given}
+        _, plan = entry.prepare(flags, None, str(tmp_path / f"e{number}"), {})  # given with --env
+        assert {k: plan.env.get(k) for k in (stacks.RECORDER_BUFFER, stacks.RECORDER_OLD_BUFFER)} == {
+            stacks.RECORDER_BUFFER: None, stacks.RECORDER_OLD_BUFFER: None, **given}
     _, plan = entry.prepare({"script": str(script)}, None, str(tmp_path / "r3"), {})
     assert contract.STACKS_AFTER not in plan.env and stacks.RECORDER_BUFFER not in plan.env
     assert hang.after(Limits(1.0, 300.0, 2.0)) == stacks.After(0.5, 299.0, 1.0)  # never less than half a limit

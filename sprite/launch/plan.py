@@ -20,6 +20,7 @@ from sprite.launch import devicecount
 from sprite.launch import launchers
 from sprite.contract import preemption
 from sprite.contract import console
+from sprite.contract import stacks
 from sprite.launch import rank_output
 from sprite.launch import rendezvous
 from sprite.spec import secrets as secret_env
@@ -98,7 +99,8 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
     addr = "127.0.0.1" if local else rendezvous.master_addr(world.hosts, site.rendezvous_domain)
     port = rendezvous.master_port(world.alloc.job_id, spec.master_port, ctx.pick_free_port)
-    env = secret_env.resolve(spec, ctx.environ)
+    given = secret_env.resolve(spec, ctx.environ)  # the site's and the spec's env, --env among them
+    env = dict(given)
     env.update({
         # `python -m sprite.runtime` started in a source checkout would import the checkout's sprite/ (the cwd
         # comes first on sys.path), which lacks the subpackages installation maps in (sprite.parity, sprite.conf):
@@ -125,6 +127,12 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     if spec.checkpoint_writer:
         env[contract.CHECKPOINT_WRITER] = spec.checkpoint_writer
     env.update(ctx.run_env)
+    if stacks.RECORDER_BUFFER in ctx.run_env and {stacks.RECORDER_BUFFER, stacks.RECORDER_OLD_BUFFER} & set(given):
+        # the recorder's size the user gave in env or --env is kept, under either name (run_env's is a default)
+        if stacks.RECORDER_BUFFER in given:
+            env[stacks.RECORDER_BUFFER] = given[stacks.RECORDER_BUFFER]
+        else:
+            del env[stacks.RECORDER_BUFFER]
     env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
     return env
 
