@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import re
 import secrets as stdlib_secrets
 import shutil
@@ -166,6 +167,28 @@ def test_job_scripts_name_variables_and_hold_no_secret(kind, clean_env, tmp_path
     assert prepared.pass_env == ("HF_TOKEN", "MY_TOKEN") and prepared.literals == {"HF_TOKEN": VALUE}
     with pytest.raises(UsageError, match=r"accent.job.yaml:\d+: key 'env': 'CAFÉ' is not a valid environment"):
         submit.prepare(write_spec(tmp_path, "accent", env={"CAFÉ": "x"}), kind, cwd=str(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+def test_a_site_profiles_literal_secret_allowed_at_submission_is_allowed_in_the_job(kind, clean_env, tmp_path):
+    """docs/secrets.md: --allow-literal-secrets lets a site profile give a secret a literal value. The job reads the
+    profile again, so its own `sprite run` gets the flag too: the job's launch line plans (dry run) with exit 0."""
+    site = tmp_path / "lab.yaml"
+    site.write_text(f"name: lab\nscheduler: {kind}\njob: {{devices: 1, env: {{LAB_API_KEY: literal}}}}\n")
+    spec = write_spec(tmp_path, site=str(site), devices=1)
+    with pytest.raises(UsageError, match="LAB_API_KEY matches the secret pattern"):
+        submit.prepare(spec, kind, cwd=str(tmp_path))
+    launch = next(line for line in submit.prepare(spec, kind, cwd=str(tmp_path), allow_literal_secrets=True)
+                  .text.splitlines() if " -m sprite run " in line)
+    words = shlex.split(launch)
+    assert "--allow-literal-secrets" in words
+    inner = words[words.index("run") + 1:]
+    assert sprite_main("run", "--dry-run", *inner) == 0
+    assert sprite_main("run", "--dry-run", *[w for w in inner if w != "--allow-literal-secrets"]) == 2
+    prepared = submit.prepare(write_spec(tmp_path, "plain", devices=1), kind, cwd=str(tmp_path),
+                              allow_literal_secrets=True)
+    plain = next(line for line in prepared.text.splitlines() if " -m sprite run " in line)
+    assert "--allow-literal-secrets" not in plain  # only where the profile gives a literal
 
 
 def _modes(root: Path) -> dict[str, str]:

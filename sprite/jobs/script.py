@@ -58,10 +58,13 @@ def site_argument(site: SiteProfile) -> str:
     return str(Path(site.source).resolve())
 
 
-def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, block=None) -> list[str]:
+def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, block=None,
+             allow_literal_secrets: bool = False) -> list[str]:
     """``python -m sprite run --site S [flags written in the spec] SCRIPT ARGS...`` as a list of words.
 
-    Variables are named, never given values: ``--secret NAME`` for a secret, ``--env NAME`` for the others. The
+    Variables are named, never given values: ``--secret NAME`` for a secret, ``--env NAME`` for the others. A
+    site profile's literal secret, which the job reads from the profile again, needs ``--allow-literal-secrets``
+    there too: it is passed on when ``allow_literal_secrets`` (the submission's flag) and the profile gives one. The
     scheduler block's ``preempt_signal`` becomes ``--preempt-signal`` (the ranks handle the signal the batch
     system sends) and ``requeue: true`` becomes ``--requeue --resume auto`` (the run that comes back continues
     from the newest valid checkpoint). Raises UsageError when the spec's own keys contradict those.
@@ -78,6 +81,8 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, blo
         argv += ["--exclude", ",".join(layer["exclude"])]
     argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(layer.get("checks", "on"), [])
     argv += ["--requeue"] if layer.get("requeue") else []
+    from_site = [name for name in job.env if name in secret and name not in layer.get("env", {})]
+    argv += ["--allow-literal-secrets"] if allow_literal_secrets and from_site else []
     return argv + [job.script or "", *job.args]
 
 

@@ -130,7 +130,7 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     python = block.python or sys.executable
     devices = jobscript.ranks_per_node(job, site)
     launch = _plan_launch(job, site, scheduler, block, devices, python)
-    argv = jobscript.run_argv(python, site, file_layer, job, block)
+    argv = jobscript.run_argv(python, site, file_layer, job, block, allow_literal_secrets)
     body = (argv, devices, spec.absolute(spec_file), cwd, jobscript.exports(file_layer, secret))
     stem = jobfiles.free_stem(block.job_name, lambda s: _paths(replace(block, stem=s), scheduler))
     prepared = _render(kind, replace(block, stem=stem), *body)
