@@ -110,6 +110,22 @@ def test_precision_becomes_an_autocast_plugin_for_the_launched_device(rank1):
         trainer_wrap.launched_trainer_kwargs(cfg(precision="bf16-mixed"), {"precision": "16-mixed"})
 
 
+def test_a_precision_plugin_of_the_scripts_own_is_held_to_the_launchs_precision(rank1):
+    """docs/runtime.md: another precision than the launch's stops with one line naming both, a plugin's too."""
+    from lightning.pytorch.plugins import MixedPrecision, Precision
+
+    for plugin, launched in ((Precision(), "bf16-mixed"), (MixedPrecision("16-mixed", "cpu"), "bf16-mixed"),
+                             (MixedPrecision("bf16-mixed", "cpu"), "32-true")):
+        with pytest.raises(UsageError) as caught:
+            trainer_wrap.launched_trainer_kwargs(cfg(precision=launched), {"plugins": [plugin]})
+        assert repr(plugin.precision) in str(caught.value) and repr(launched) in str(caught.value)
+    agreeing = MixedPrecision("bf16-mixed", "cpu")
+    kwargs = trainer_wrap.launched_trainer_kwargs(cfg(precision="bf16-mixed"), {"plugins": [agreeing]})
+    assert [p for p in kwargs["plugins"] if isinstance(p, Precision)] == [agreeing]  # kept, none added
+    kwargs = trainer_wrap.launched_trainer_kwargs(cfg(precision="auto"), {"plugins": [Precision()]})
+    assert [type(p) for p in kwargs["plugins"] if isinstance(p, Precision)] == [Precision]
+
+
 def test_auto_accelerator_keeps_the_scripts_choice(rank1):
     kwargs = trainer_wrap.launched_trainer_kwargs(cfg(accelerator="auto"), {"accelerator": "cpu", "precision": "bf16-mixed"})
     assert kwargs["accelerator"] == "cpu" and kwargs["plugins"][0].device == "cpu"

@@ -42,9 +42,14 @@ def _strategy(cfg: RuntimeConfig, kind: DeviceType, given, devices):
 
 
 def _precision(cfg: RuntimeConfig, kind: DeviceType, kwargs: dict, plugins: list) -> None:
-    """Put the launch's (or the script's) mixed precision into ``plugins`` as an autocast plugin for ``kind``."""
-    if any(isinstance(p, Precision) for p in plugins):
-        return  # the script chose its own precision plugin
+    """Put the launch's (or the script's) mixed precision into ``plugins`` as an autocast plugin for ``kind``. A
+    precision plugin of the script's own is kept when it runs the launch's precision (or the launch named none).
+    Raises UsageError when it or ``precision=`` contradicts the launch."""
+    own = next((p for p in plugins if isinstance(p, Precision)), None)
+    if own is not None:
+        # Lightning's plugins name what they run (Precision.precision, "32-true" for the plain one)
+        launched_args.precision_target("Trainer", cfg, getattr(own, "precision", "32-true"))
+        return
     target = launched_args.precision_target("Trainer", cfg, kwargs.get("precision"))
     if target is None:
         return
