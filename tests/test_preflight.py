@@ -256,6 +256,28 @@ def test_precisions_follow_the_jobs_precision():
     assert precisions_for("32-true") == ("fp32",)
 
 
+def test_the_preflight_checks_the_jobs_own_precision_and_never_runs_a_staged_copy(tmp_path):
+    """docs/preflight.md: fp32 and the job's half precision (its flag, else its spec's); the preflight of
+    `sprite run --stage --preflight` runs before the staging, so its ranks run the environment where it is."""
+    import sys
+
+    from sprite.parity.preflight import runner
+
+    spec = tmp_path / "half.job.yaml"
+    spec.write_text("site: local\nscript: t.py\ndevices: 1\naccelerator: cpu\nprecision: 16-mixed\nstage: true\n")
+    out = tmp_path / "out"
+    for base, spec_file, wanted in (({}, str(spec), ("fp32", "fp16")), ({"precision": "bf16-mixed"}, str(spec),
+                                    ("fp32", "bf16")), ({"precision": "32-true"}, None, ("fp32",)),
+                                    ({}, None, ("fp32", "bf16"))):
+        launch = runner.plan(out, {"devices": "1", "accelerator": "cpu", **base}, os.environ, spec_file)
+        settings = runner.settings_for(out, {"devices": "1", "accelerator": "cpu", **base}, (), runner.Options(),
+                                       os.environ, spec_file, launch)
+        assert settings.precisions == wanted, (base, spec_file)
+        assert launch.stage is None and sys.executable in launch.argv  # the interpreter that runs sprite
+    launch = runner.plan(out, {"devices": "1", "accelerator": "cpu", "stage": "/tmp/sprite-stage-x"}, os.environ)
+    assert launch.stage is None
+
+
 def test_the_watcher_stops_the_launch_once_records_stop_arriving(tmp_path):
     (tmp_path / "ranks").mkdir()
     stop, done = threading.Event(), threading.Event()

@@ -206,6 +206,18 @@ def test_dry_run_shows_the_stage_and_the_ranks_run_its_python(sprite_cmd, tmp_pa
     assert not os.path.exists("/dev/shm/x")
 
 
+@pytest.mark.parametrize("written, staged", [("true", True), ("TRUE", True), ("auto", True), ("false", False),
+                                               ("off", False)])
+def test_a_specs_stage_key_takes_the_words_docs_staging_names(written, staged, tmp_path):
+    """docs/staging.md: `stage: auto` (or `true`, `off`/`false`, or an absolute folder) in a spec."""
+    from sprite.launch.plan import plan_run
+
+    (tmp_path / "t.py").write_text("print(1)\n")
+    spec = tmp_path / "s.job.yaml"
+    spec.write_text(f"site: local\nscript: t.py\ndevices: 1\naccelerator: cpu\nstage: {written}\n")
+    assert (plan_run({}, _env({}), str(spec)).stage is not None) is staged
+
+
 def test_a_stage_folder_that_is_not_sprites_is_refused_and_left_as_it_was(sprite_cmd, tmp_path, stage_cache):
     theirs = tmp_path / "theirs"
     theirs.mkdir()

@@ -31,13 +31,15 @@ LAUNCH_LOG = "launch.log"
 def flags_for(out: pathlib.Path, base: dict) -> dict:
     """JobSpec fields of the preflight launch: ``base`` (the user's world: nodes, devices, launcher, site, ...)
     running the worker, never resuming, each rank's output in ``out/logs``. CPU ranks compute with one thread
-    (unless OMP_NUM_THREADS is set): simulated nodes share this machine's cores, and the check is of the node."""
+    (unless OMP_NUM_THREADS is set): simulated nodes share this machine's cores, and the check is of the node.
+    Never staged (``stage: off``): the preflight of ``sprite run --stage --preflight`` comes before the staging,
+    which then copies the environment to the nodes it kept, so its ranks run the environment where it is installed."""
     env = {**(base.get("env") or {}), "PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = "1"
     return {**base, "script": os.fspath(WORKER), "args": ["--out", os.fspath(out)], "strategy": "auto",
             "precision": "auto", "resume": "never", "log_dir": os.fspath(out / "logs"), "ranks": None, "env": env,
-            "stall_timeout": None, "retries": None, "spare_nodes": 0}
+            "stall_timeout": None, "retries": None, "spare_nodes": 0, "stage": "off"}
 
 
 def plan(out: pathlib.Path, base: dict, environ: Mapping[str, str] = os.environ,
@@ -153,15 +155,16 @@ class Options:
     grace: float = 5.0
 
 
-def settings_for(flags: dict, faults: tuple, options: Options, environ: Mapping[str, str],
+def settings_for(out: pathlib.Path, base: dict, faults: tuple, options: Options, environ: Mapping[str, str],
                  spec_file: str | None, launch_plan: LaunchPlan) -> PreflightSettings:
-    """What the ranks check: the accelerator and precisions the job uses, and the devices its site profile
-    promises (every GPU node: the profile's ``devices`` or the ranks per node; a CPU rank: one)."""
+    """What the ranks check: the accelerator and precisions the job uses (``base``'s precision, else the spec's or
+    the site profile's; the preflight's own launch runs none), and the devices its site profile promises (every GPU
+    node: the profile's ``devices`` or the ranks per node; a CPU rank: one)."""
     from sprite import contract
     from sprite.launch.plan import assemble
     from sprite.parity.preflight.settings import precisions_for
 
-    job, site = assemble(flags, spec_file, environ)
+    job, site = assemble({**flags_for(out, base), "precision": base.get("precision")}, spec_file, environ)
     promised = max(int(site.job.get("devices") or 0), launch_plan.world.devices)
     return PreflightSettings(accelerator=launch_plan.env.get(contract.ACCELERATOR, "auto"),
                              precisions=precisions_for(job.precision), size=options.size, repeats=options.repeats,
@@ -195,7 +198,7 @@ def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, opt
     check_out(out)
     launch_plan = plan(out, base, environ, spec_file)
     faults = parse_faults(fault_values, launch_plan.world.hosts, fault_option)
-    settings = settings_for(flags_for(out, base), faults, options, environ, spec_file, launch_plan)
+    settings = settings_for(out, base, faults, options, environ, spec_file, launch_plan)
     check_ready(launch_plan)
     prepare(out, settings, launch_plan)
     launched = launch(out, launch_plan, options.deadline, options.grace)

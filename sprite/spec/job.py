@@ -116,6 +116,8 @@ def stage_place(value: Any, complain: Complain) -> str:
     if isinstance(value, bool):
         return "auto" if value else "off"
     text = v.string(value, complain)
+    if text.lower() in ("true", "false"):  # sprite's YAML reader gives every scalar as text
+        return "auto" if text.lower() == "true" else "off"
     if text in ("auto", "off"):
         return text
     if not os.path.isabs(text) or os.path.normpath(text) == "/":
