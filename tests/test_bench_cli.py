@@ -120,3 +120,20 @@ def test_launches_show_their_state_elapsed_time_and_what_is_left(tmp_path, monke
     assert lines[1].startswith("[1/4] world 1 sprite #1: done in ") and lines[1].endswith(" left")
     assert lines[5].startswith("[3/4] world 2 sprite #1: failed, exit code 3, see ")
     assert "about" in lines[3] and lines[-1].endswith("about 0 s left")
+
+
+def test_the_lightning_baseline_resolves_auto_as_sprite_does_and_refuses_xpu(monkeypatch):
+    """docs/bench.md: --baseline lightning does not run on XPU, also where --accelerator auto finds XPU devices
+    (Lightning's own auto knows no XPU and would train on the CPU). A FAKE torch.xpu with 4 devices stands in."""
+    import torch
+
+    from sprite.errors import UsageError
+    from sprite.parity.bench import step
+    from test_runtime_xpu import FakeXPUModule
+
+    monkeypatch.setattr(step, "under_sprite_runtime", lambda: False)  # the lightning arm runs under torchrun
+    assert step.trainer_kwargs(BenchSettings(accelerator="cpu"))["accelerator"] == "cpu"
+    monkeypatch.setattr(torch, "xpu", FakeXPUModule(count=4))
+    with pytest.raises(UsageError, match="cannot run on xpu"):
+        step.trainer_kwargs(BenchSettings(accelerator="auto"))
+    assert step.trainer_kwargs(BenchSettings(accelerator="cpu"))["accelerator"] == "cpu"

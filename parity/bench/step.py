@@ -18,6 +18,7 @@ from sprite.parity.bench import model as bench_model
 from sprite.parity.bench.store import load_settings
 from sprite.parity.bench.worker import Measure, parse
 from sprite.parity.strategies import under_sprite_runtime
+from sprite.errors import UsageError
 from sprite.runtime.devices import device_type
 from sprite.runtime.shard import shard_model
 
@@ -33,7 +34,13 @@ def trainer_kwargs(settings) -> dict:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     strategy = ("ddp" if settings.strategy == "ddp" else
                 ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1))
-    return {"accelerator": settings.accelerator, "devices": local, "num_nodes": world // local,
+    # "auto" as sprite resolves it (xpu first): Lightning's own "auto" knows no XPU and would train on the CPU
+    accelerator = device_type(settings.accelerator).name
+    if accelerator == "xpu":
+        raise UsageError("--baseline lightning cannot run on xpu (--accelerator auto found XPU devices).",
+                         "Lightning has no XPU accelerator without sprite; its own auto would train on the CPU.",
+                         "Drop --baseline lightning on XPU (--baseline raw still runs).")
+    return {"accelerator": accelerator, "devices": local, "num_nodes": world // local,
             "strategy": strategy, "precision": settings.precision}
 
 
