@@ -58,6 +58,56 @@ def test_a_failed_arm_spends_the_pool_and_a_hung_one_is_stopped(tmp_path):
     assert hung.spent and not hung.thread.is_alive() and time.monotonic() - start < 120
 
 
+@pytest.mark.slow
+def test_an_arm_whose_rank_the_other_arms_failure_ended_is_not_called_failed(tmp_path):
+    """Two one-process arms run side by side on ranks 0 and 1; the failure of the one on rank 0 ends that rank and
+    the launch with it. The arm on rank 1 did not fail: Pool.submit says its launch ended (ENDED), and the parity
+    check runs such an arm again in fresh processes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sprite.parity.launch import job_fields
+    from sprite.parity.pool.host import ENDED, Pool
+
+    fields = job_fields("unused.py", [], devices=2, nodes=1, strategy="ddp", precision="32-true",
+                        accelerator="cpu")
+    pool = Pool(tmp_path / "pool", fields, 2, tmp_path / "pool.log")
+    never = ["--dir", str(tmp_path / "empty"), "--host-pid", str(os.getpid())]  # runs until its rank is stopped
+    with ThreadPoolExecutor(2) as both:
+        beside = both.submit(pool.submit, "sprite.parity.pool.worker", never, tmp_path / "beside.log", 300, rank=1)
+        time.sleep(1)
+        failing = pool.submit("sprite.parity.check.arm", ["--no-such-flag"], tmp_path / "bad.log", 300, rank=0)
+        assert failing == 2 and beside.result(timeout=200) == ENDED
+    pool.close()
+    assert pool.spent and not pool.thread.is_alive()
+
+
+def test_the_parity_check_runs_an_arm_its_pool_ended_under_again_in_fresh_processes(tmp_path, monkeypatch):
+    """parity/check/runner.py _launch: Pool.submit's ENDED sends the arm to fresh processes, with a line in its log
+    (a FAKE pool and a FAKE fresh launch stand in: the real pool's side is tested above)."""
+    import io
+
+    from rich.console import Console
+
+    from sprite.parity.check import runner
+    from sprite.parity.pool.host import ENDED
+    from sprite.parity.progress import ProgressBoard
+    from sprite.parity.settings import Settings
+
+    class EndedPool:
+        spent, reason = False, "an arm failed (exit code 2)"
+
+        def submit(self, *args, **kwargs):
+            return ENDED
+
+    fresh = []
+    monkeypatch.setattr(runner, "launch_arm", lambda out, arm, *rest: fresh.append(arm) or 0)
+    (tmp_path / "logs").mkdir()
+    with ProgressBoard(Console(file=io.StringIO()), [("ref", "1 process")]) as board:
+        code = runner._launch(tmp_path, "ref", None, Settings(), board, {}, 1, EndedPool(), rank=1)
+    assert code == 0 and fresh == ["ref"]
+    assert "runs again in fresh processes" in (tmp_path / "logs" / "ref.log").read_text()
+
+
 def _records(folder: pathlib.Path) -> dict:
     import numpy as np
 

@@ -15,7 +15,7 @@ from sprite.integrity import owner_only
 from sprite.errors import UsageError
 from sprite.parity.check import faults
 from sprite.parity.launch import arm_overrides, launch_arm
-from sprite.parity.pool.host import Pool
+from sprite.parity.pool.host import ENDED, Pool
 from sprite.parity.progress import ProgressBoard, processes
 from sprite.parity.settings import DISTRIBUTED_ARMS, SINGLE_ARMS, Settings, arm_world
 from sprite.parity.store import ResultError, write_new
@@ -63,6 +63,11 @@ def _launch(out, arm, fault, settings, board: ProgressBoard, stamps: dict, threa
         else:
             code = pool.submit(ARM_MODULE, fields["args"], log, settings.time_limit, rank=rank,
                                threads=int(fields["env"].get("OMP_NUM_THREADS", 0)))
+        if code == ENDED:  # the pool's launch ended under it (Pool.submit): it runs again in fresh processes
+            with owner_only.open_log(log) as handle:
+                handle.write(f"sprite: the warm pool ended before this arm reported ({pool.reason}); it runs "
+                             "again in fresh processes\n".encode())
+            code = launch_arm(out, arm, fault, settings, log, threads, settings.time_limit)
     else:
         code = launch_arm(out, arm, fault, settings, log, threads, settings.time_limit)
     stamps[label] = (wall, time.time())

@@ -30,7 +30,7 @@ from sprite.errors import UsageError
 from sprite.parity.ckpt.roles import Launch, launches, result_dir
 from sprite.parity.ckpt.settings import CkptSettings
 from sprite.parity.launch import job_fields, launch
-from sprite.parity.pool.host import Pool
+from sprite.parity.pool.host import ENDED, Pool
 from sprite.parity.progress import ProgressBoard, processes
 from sprite.parity.outdir import make_out
 
@@ -137,7 +137,9 @@ def _run_in(pool, out, item: Launch, settings, threads, cancel) -> int | None | 
     code = pool.submit(WORKER_MODULE, argv, log, settings.time_limit, strategy=item.strategy,
                        threads=threads if item.processes == 1 else 0)
     # a pool stopped because the check ended (another role timed out, Ctrl-C) ends its role as a launch would
-    return "cancelled" if code and cancel.is_set() else code
+    if code and cancel.is_set():
+        return "cancelled"
+    return (pool.code or 1) if code == ENDED else code  # its pool is its own launch: the launch's own code
 
 
 def _one(out, item: Launch, settings, display, cancel, threads, pools=None) -> tuple[str, int | None]:

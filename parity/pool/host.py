@@ -23,6 +23,7 @@ from sprite.launch import rendezvous
 from sprite.parity.launch import launch
 
 POLL_SECONDS = 0.02
+ENDED = -1000  # Pool.submit: the launch ended before the arm reported (another arm's failure or leak may have ended it)
 
 
 class Pool:
@@ -71,9 +72,11 @@ class Pool:
     def submit(self, module: str, argv: list[str], log: pathlib.Path, limit: float | None, *,
                strategy: str | None = None, rank: int | None = None, threads: int = 0) -> int | None:
         """Runs one arm: on every rank (``rank`` None; a fresh rendezvous port, ``strategy`` for its Trainer) or
-        on rank ``rank`` alone (``threads`` > 0: its torch threads). Returns its exit code, or None when it ran
-        past ``limit`` seconds (the pool is stopped then). A launch that ended before every rank reported gives
-        its own exit code (1 if 0)."""
+        on rank ``rank`` alone (``threads`` > 0: its torch threads). Returns its exit code, None when it ran
+        past ``limit`` seconds (the pool is stopped then), or ``ENDED`` when the launch ended before every rank
+        reported: a one-process arm running beside another whose failure or leak ended the rank it ran on (the
+        supervisor then stops the other ranks) is not known to have failed, and the caller may run it again in
+        fresh processes (``self.code`` is the launch's exit code)."""
         owner_only.make_dirs(log.parent)
         ranks = range(self.world) if rank is None else [rank]
         # every arm's process group gets its own rendezvous, so no rank can reach the store of the arm before (seen
@@ -89,7 +92,7 @@ class Pool:
         while (records := self._done(slots)) is None:
             if not self.thread.is_alive() and (records := self._done(slots)) is None:
                 self._spend(self.reason or f"its launch ended with exit code {self.code} (see {self.log})")
-                return self.code or 1
+                return ENDED
             if deadline is not None and time.monotonic() > deadline:
                 self.stop(f"an arm ran past the time limit of {limit:g} s")
                 with owner_only.open_log(log) as handle:
