@@ -171,8 +171,8 @@ def _multi_conf(base: Path, host: str, names: list[str]) -> str:
 def start_nodes(base: Path, names: list[str]):
     """Start slurmctld and one ``slurmd -N NAME`` per name; a generator fixture body: yields a SlurmCluster.
 
-    The node names do not resolve (every NodeAddr is 127.0.0.1): a rendezvous across them needs
-    ``MASTER_ADDR=127.0.0.1`` from the test, never an /etc/hosts entry.
+    The node names do not resolve (every NodeAddr is 127.0.0.1): sprite takes the rendezvous address from the
+    node's NodeAddr (sprite/runtime/standard_env.py), so no /etc/hosts entry is needed.
     """
     if not shutil.which("slurmctld") or not shutil.which("slurmd"):
         pytest.skip(f"slurmctld/slurmd are not installed (CI: {APT_HINT})")
