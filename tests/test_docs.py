@@ -183,3 +183,11 @@ def test_the_page_counter_leaves_out_the_architecture(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "c.md").write_text("# x\n")
     assert topic_pages(tmp_path) == ["a.md", "b.md"]
+
+
+def test_sites_md_names_every_site_profile_key():
+    """docs/sites.md lists what a profile holds: every key sprite/spec/sites.py accepts."""
+    from sprite.spec.sites import PROFILE_KEYS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "sites.md").read_text()
+    assert [key for key in PROFILE_KEYS if f"`{key}" not in text] == []

@@ -1,6 +1,6 @@
-"""The stage archive: one uncompressed POSIX tar (stdlib tarfile) written once, hashed while it is written, read
-back as a stream and hashed while it is read. Every member is checked to stay inside the folder before it is
-extracted: an absolute name, a ``..`` step, a link whose target leaves the folder, a device or a fifo is refused.
+"""The stage archive: one uncompressed POSIX tar (stdlib tarfile) written once, hashed while it is written; on a
+node, hashed in a first read and checked against its record before anything is extracted, then read again as a
+stream and extracted. Every member is checked to stay inside the folder before it is extracted: an absolute name, a ``..`` step, a link whose target leaves the folder, a device or a fifo is refused.
 
 Stdlib only besides sprite.errors: the per-node tool imports this before anything else.
 """
