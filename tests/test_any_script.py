@@ -128,6 +128,24 @@ HYDRA = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRA
          "SPRITE_NUM_NODES": "2", "SPRITE_HOSTS": "127.0.0.1,127.0.0.2", "MASTER_PORT": "29500"}
 
 
+def test_a_world_smaller_than_the_launch_is_reported_in_one_line_and_refused_under_strict(monkeypatch, capsys):
+    """docs/scripts.md: a script whose process group had fewer ranks than were launched (Trainer(devices=1) in a
+    2-rank launch) is named once, on rank 0; under --strict every such rank stops with exit 2."""
+    from sprite.errors import UsageError
+    from sprite.runtime import world_check
+
+    monkeypatch.setattr(world_check, "_joined", 1)
+    world_check.check(2, 0, "on")
+    err = capsys.readouterr().err
+    assert "process group had 1 rank(s)" in err and err.count("process group had") == 1
+    world_check.check(2, 1, "on")
+    assert "process group had" not in capsys.readouterr().err  # rank 0 says it
+    with pytest.raises(UsageError, match="process group had 1 rank"):
+        world_check.check(2, 1, "strict")
+    world_check.check(1, 0, "on")
+    assert capsys.readouterr().err == ""
+
+
 def test_standard_variables_come_from_the_launchers_own_and_simulated_nodes_pass_the_host_check():
     from sprite.runtime import standard_env
 

@@ -253,6 +253,19 @@ def test_the_dump_times_are_read_strictly():
     assert stacks.from_env({**env, contract.ATTEMPT: "²"}) is None
 
 
+def test_collect_waits_3_s_unless_told_otherwise(tmp_path):
+    """docs/hangs.md: the watchdog waits at most 3 s for ranks that have not dumped yet."""
+    (tmp_path / "rank1.txt").write_text(HEADER + "\n")  # armed, never dumped
+    now, slept = [0.0], []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    hang.collect(tmp_path, 2, {0: "n1", 1: "n2"}, clock=lambda: now[0], sleep=sleep)
+    assert 3.0 <= now[0] < 3.0 + max(slept)
+
+
 def test_collect_waits_a_bounded_time_and_names_a_rank_that_wrote_nothing(tmp_path):
     (tmp_path / "rank0.txt").write_text(dump(*ALL_REDUCE))
     (tmp_path / "rank1.txt").write_text(HEADER + "\n")  # armed, never dumped

@@ -152,6 +152,21 @@ def test_site_profile_values_are_checked(tmp_path):
         assert fragment in str(caught.value), str(caught.value)
 
 
+def test_the_site_is_the_flags_else_the_specs_else_sprite_site_else_local(tmp_path):
+    """docs/sites.md: --site, else the spec's site:, else $SPRITE_SITE, else local."""
+    from sprite.launch.plan import assemble
+
+    spec = tmp_path / "s.job.yaml"
+    spec.write_text(f"site: perlmutter\nscript: {SCRIPT}\n")
+    plain = tmp_path / "p.job.yaml"
+    plain.write_text(f"script: {SCRIPT}\n")
+    env = {"SPRITE_SITE": "polaris"}
+    assert assemble({"site": "aurora"}, str(spec), env)[1].name == "aurora"
+    assert assemble({}, str(spec), env)[1].name == "perlmutter"
+    assert assemble({}, str(plain), env)[1].name == "polaris"
+    assert assemble({}, str(plain), {})[1].name == "local"
+
+
 def test_errors_from_the_environment_are_usage_errors():
     with pytest.raises(UsageError, match="SPRITE_SITE=nosuch: Unknown site"):
         plan_run({"script": SCRIPT}, {"SPRITE_SITE": "nosuch"})

@@ -137,6 +137,24 @@ def test_verdict_order_fail_void_pass():
     assert bf16.verdict(ok, bad, bad) == "void"
 
 
+def test_the_checks_verdict_and_exit_code_follow_its_reports(monkeypatch, tmp_path):
+    """docs/parity.md: exit 0 on pass, 1 on fail or void; the main report's void is the check's verdict."""
+    import typer
+
+    from sprite.parity.check import cli, plot
+    from sprite.parity.check.compare import overall
+
+    void = {"bf16_report.json": {"verdict": "void"}, "faults_report.json": {"verdict": "pass"}}
+    assert overall(void) == "void"
+    assert overall({"bf16_report.json": {"verdict": "pass"}, "faults_report.json": {"verdict": "fail"}}) == "fail"
+    assert overall({"fp32_report.json": {"verdict": "pass"}}) == "pass"
+    monkeypatch.setattr(plot, "write_png", lambda out, reports: None)
+    for reports, code in ((void, 1), ({"fp32_report.json": {"verdict": "pass"}}, 0)):
+        with pytest.raises(typer.Exit) as caught:
+            cli._finish(tmp_path, reports, False, True)
+        assert caught.value.exit_code == code
+
+
 def test_fp32_rule_each_check_fails_when_broken():
     settings = Settings(precision="32-true", devices=2)
     arms = {n: _arm(n, settings) for n in ("ref", "ddp", "fsdp")}

@@ -307,6 +307,20 @@ def test_a_slurm_log_left_from_an_earlier_job_keeps_its_number_from_being_reused
     assert (folder / "train-1-77.log").read_text() == "the earlier job's log\n"
 
 
+@pytest.mark.parametrize("kind, client", [("pbs", "qsub"), ("slurm", "sbatch")])
+def test_the_submit_command_runs_under_umask_077(tmp_path, fake_bin, kind, client):
+    """docs/secrets.md: sbatch and qsub run with umask 077, so what the batch system writes for the job (its log)
+    is owner-only whatever the submitting shell's umask. A FAKE client records the umask it was started with."""
+    seen = tmp_path / "umask.txt"
+    fake_client(fake_bin, client, f"umask > {seen}\necho 'Submitted batch job 91'\n")
+    old = os.umask(0o022)
+    try:
+        submit.submit(submit.prepare(write_spec(tmp_path), kind, cwd=str(tmp_path)))
+    finally:
+        os.umask(old)
+    assert seen.read_text().strip() == "0077"
+
+
 def test_pbs_status_and_cancel_ask_qstat_and_qdel_for_the_job(tmp_path, fake_bin):
     """docs/jobs.md: `sprite status` runs qstat and `sprite cancel` qdel on the job id (FAKE clients recording
     their arguments); a refusal is one line, exit 2."""

@@ -142,3 +142,13 @@ def test_a_rank_that_fails_writes_its_last_step_before_it_exits(tmp_path):
     assert done.returncode == 1 and "the script fails" in done.stderr
     beat = heartbeat.read_all(tmp_path)[0]
     assert (beat.phase, beat.step, beat.first_step) == (heartbeat.TRAINING, 7, 1)
+
+
+def test_a_silent_start_names_sprite_beat_and_a_stalled_step_names_the_collective():
+    """docs/scripts.md: a script stopped by the first-step allowance gets a stop line naming sprite.beat."""
+    from sprite.recovery.watchdog import Stall
+
+    first = Stall(301.0, 300.0, "first-step allowance", "rank 0: no step").message()
+    assert "sprite.beat(step)" in first and "first-step allowance 300 s" in first
+    stalled = Stall(61.0, 60.0, "stall timeout", "rank 0 at step 3").message()
+    assert "sprite.beat" not in stalled and "collective" in stalled
