@@ -192,7 +192,8 @@ def test_a_fault_is_rejected_only_for_the_checks_attributable_to_it():
                          True, settings)
     assert missing["status"] == "not executed" and missing["reason"] == "gone"
     # docs/ckpt-check.md: a fault is rejected only when the clean arm passed; without that reference it is not executed
-    result = {"ranks": [{"restored": {**saved, "optimizer": {}}, "steps": [_step(1)], "frozen_before_load": {"f": "9"}}]}
+    dropped_rank = {"restored": {**saved, "optimizer": {}}, "steps": [_step(1)], "frozen_before_load": {"f": "9"}}
+    result = {"ranks": [dropped_rank]}
     get = {"single/fit": fit, "single/killed": killed, "single/fault_dropped-optimizer-state": result}.get
     unjudged = fault_case("single", "dropped-optimizer-state", get, {}, False, settings)
     assert unjudged["status"] == "not executed" and "clean arm failed" in unjudged["reason"]
