@@ -303,6 +303,23 @@ def test_the_current_device_follows_the_local_rank(monkeypatch):
     assert one.current is None
 
 
+def test_an_xpu_rank_binds_its_local_tile_first_under_auto(monkeypatch):
+    """docs/scripts.md: on xpu and cuda the current device is the rank's local rank; auto tries xpu first (a FAKE
+    torch.xpu with 12 tiles beside a FAKE torch.cuda)."""
+    import torch
+
+    from sprite.runtime import standard_env
+    from test_runtime_xpu import FakeXPUModule
+
+    tiles, gpus = FakeXPUModule(count=12), FakeCudaForBinding(2)
+    monkeypatch.setattr(torch, "xpu", tiles)
+    monkeypatch.setattr(torch, "cuda", gpus)
+    standard_env.bind_device(_cfg(accelerator="auto"), 7)
+    assert tiles.selected == [7] and gpus.current is None
+    standard_env.bind_device(_cfg(accelerator="xpu"), 11)
+    assert tiles.selected == [7, 11]
+
+
 FLAVOUR_ENVS = {  # rank 3 of 4, local rank 1 on node 1, in each launcher's own words (PALS, Open MPI: no machine here)
     "pals": {"PALS_RANKID": "3", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PMIX_RANK": "3", "WORLD_SIZE": "4"},
     "hydra": {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},

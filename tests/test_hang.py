@@ -122,6 +122,8 @@ def test_the_stall_record_and_runs_show_hold_the_diagnosis(hangs, sprite_cmd):
     printed = [line.removeprefix("sprite: stall: ") for line in launch.stall_lines()]
     assert stall["culprits"] == [1] and stall["diagnosis"] == printed[:-1], (stall, printed)
     assert stall["stacks"] == "stacks/attempt-1"
+    assert stall["culprit_reason"] == "not in a collective while the others wait in one"  # docs/hangs.md, rule 1
+    assert printed[-1] == f"every rank's stacks and collectives are in {launch.run_dir / 'stacks' / 'attempt-1'}/"
     shown = subprocess.run([*sprite_cmd, "runs", "show", str(launch.run_dir)], capture_output=True, text=True,
                            timeout=60, env=_env())
     assert shown.returncode == 0, shown.stderr

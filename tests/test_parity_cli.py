@@ -97,3 +97,27 @@ def test_compare_stays_a_command(capsys, tmp_path, name):
     args = [str(tmp_path / "none")] * (2 if name == "bench" else 1)
     code, _, err = sprite(capsys, name, "compare", *args)
     assert code == 2 and err.count("\n") == 1 and str(tmp_path / "none") in err, err
+
+
+def test_bare_sprite_parity_runs_the_fp32_check_with_every_default(capsys, tmp_path, monkeypatch):
+    """docs/parity.md: `sprite parity` alone runs the FP32 check with every default (2 devices, 1 node, tiny, auto,
+    a 1800 s limit per arm, no faults) into a new ./sprite-checks/parity-N; stopped here once its settings are
+    known (a FAKE claim_dir records them and refuses)."""
+    from sprite.errors import UsageError
+    from sprite.parity.check import runner
+    from sprite.parity.settings import Settings
+
+    seen = []
+
+    def claim_dir(out, settings):
+        seen.append((out, settings))
+        raise UsageError("stopped by the test.", "", "")
+
+    monkeypatch.setattr(runner, "claim_dir", claim_dir)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = sprite(capsys, "parity")
+    assert code == 2 and "stopped by the test" in err
+    (out, settings), = seen
+    assert out == Path("sprite-checks/parity-1")
+    assert settings == Settings(precision="32-true", devices=2, nodes=1, model="tiny", accelerator="auto",
+                                faults=(), time_limit=1800) == Settings()

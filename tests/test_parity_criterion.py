@@ -192,3 +192,20 @@ def test_reports_are_nan_free():
     text = json.dumps(clean({"a": float("nan"), "b": [float("inf"), 1.0]}), allow_nan=False)
     assert json.loads(text) == {"a": None, "b": [None, 1.0]}
     assert not criterion.check("x", "f", float("nan"), 1.0, True)["passed"]
+
+
+def test_the_recipe_is_the_one_docs_parity_describes():
+    """docs/parity.md: peft LoRA r=8, alpha=16 on q/k/v/o, a 2-class head with a bias; qwen2.5-0.5b-shape holds 194
+    trainable tensors (built on the meta device: shapes only). Every arm shares the recipe, so a change to it would
+    pass every other test."""
+    import torch
+
+    from sprite.parity import recipe
+    from sprite.parity.settings import Settings
+
+    with torch.device("meta"):
+        model = recipe.build_model(Settings(model="qwen2.5-0.5b-shape"))
+    assert sum(p.requires_grad for p in model.parameters()) == 194
+    lora = model.backbone.peft_config["default"]
+    assert (lora.r, lora.lora_alpha, sorted(lora.target_modules)) == (8, 16, ["k_proj", "o_proj", "q_proj", "v_proj"])
+    assert model.head.out_features == 2 and model.head.bias is not None

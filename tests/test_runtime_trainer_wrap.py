@@ -145,6 +145,11 @@ def test_pytorch_lightning_trainer_is_refused_in_a_launched_world(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sprite.runtime", str(script)], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "BUILT" not in proc.stdout
     assert "pytorch_lightning.Trainer" in proc.stderr and "import lightning.pytorch" in proc.stderr
+    # docs/runtime.md: with one rank such a script runs as plain Lightning
+    one = {**env, "SPRITE_DEVICES": "1", "SPRITE_WORLD_SIZE": "1", "WORLD_SIZE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "sprite.runtime", str(script)], env=one, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "BUILT" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_runtime_without_contract_runs_the_script_with_its_argv(tmp_path):

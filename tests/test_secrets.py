@@ -191,6 +191,24 @@ def test_a_site_profiles_literal_secret_allowed_at_submission_is_allowed_in_the_
     assert "--allow-literal-secrets" not in plain  # only where the profile gives a literal
 
 
+def test_a_site_profiles_literal_secret_is_refused_by_sprite_run_naming_the_profile(clean_env, tmp_path, capsys):
+    """docs/secrets.md: a literal value for a secret in a site profile is refused with one line (exit 2)."""
+    site = tmp_path / "lab.yaml"
+    site.write_text("name: lab\nscheduler: none\njob: {devices: 1, env: {LAB_API_KEY: literal}}\n")
+    assert sprite_main("run", "--dry-run", "--site", str(site), PROBE) == 2
+    err = capsys.readouterr().err
+    assert "LAB_API_KEY" in err and "the site profile" in err and err.count("\n") == 1, err
+    assert sprite_main("run", "--dry-run", "--allow-literal-secrets", "--site", str(site), PROBE) == 0
+
+
+@pytest.mark.parametrize("kind, directive", [("slurm", "#SBATCH --export=ALL,P_PATH"), ("pbs", "#PBS -v P_PATH")])
+def test_pass_env_names_go_into_the_submit_directive(kind, directive, clean_env, tmp_path):
+    """docs/secrets.md: each pass_env name is named in the job script's directive, its value never written."""
+    text = submit.prepare(write_spec(tmp_path, pass_env=["P_PATH"]), kind, cwd=str(tmp_path)).text
+    assert directive in text.splitlines()
+    assert "--env P_PATH" in text
+
+
 def _modes(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root.parent)): oct(stat.S_IMODE(p.lstat().st_mode)) for p in [root, *root.rglob("*")]}
 

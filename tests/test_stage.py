@@ -145,6 +145,67 @@ def test_an_archive_that_does_not_hash_as_packed_is_refused(tmp_path):
         archmod.unpack(str(archive), str(tmp_path / "d"), "0" * 64)
 
 
+def test_unpacking_drops_setuid_and_group_write_keeps_mtimes_and_a_link_pointing_down(tmp_path):
+    """docs/staging.md: modes lose setuid, setgid, sticky and group/other write; mtimes are kept; a relative link
+    without .. is accepted; a fifo is refused."""
+    loose, _ = _member("bin/tool")
+    loose.mode, loose.mtime = 0o6777, 1000
+    down, _ = _member("lib/current", tarfile.SYMTYPE, "v1/mod.py")
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(_tar((loose, b"x"), _member("lib/v1/mod.py"), (down, None)))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    archmod.unpack(str(archive), str(dest), archmod.digest(str(archive)))
+    tool = dest / "bin" / "tool"
+    assert oct(tool.stat().st_mode & 0o7777) == oct(0o755) and tool.stat().st_mtime == 1000
+    assert os.readlink(dest / "lib" / "current") == "v1/mod.py" and (dest / "lib" / "current").read_bytes() == b"x"
+    fifo = tmp_path / "f.tar"
+    fifo.write_bytes(_tar(_member("pipe", tarfile.FIFOTYPE)))
+    (tmp_path / "d2").mkdir()
+    with pytest.raises(archmod.UnsafeArchive):
+        archmod.unpack(str(fifo), str(tmp_path / "d2"), None)
+
+
+def test_the_archive_is_packed_once_per_fingerprint_and_a_stray_one_is_refused_untouched(tmp_path):
+    """docs/staging.md: a launch that finds the record reuses the archive; a changed environment gets a new
+    fingerprint; the archive is linked into place, never over a file that is there without its record."""
+    from sprite.launch.stage import run as stagerun
+
+    class Source:
+        def manifest(self):
+            return {"python": "3"}
+
+    module = tmp_path / "env" / "m.py"
+    module.parent.mkdir()
+    module.write_text("x = 1\n")
+    files = [("m.py", str(module), os.lstat(module))]
+    cache = str(tmp_path / "cache")
+    first = stagerun.cached_archive(cache, Source(), files, "ab" * 32)
+    again = stagerun.cached_archive(cache, Source(), files, "ab" * 32)
+    assert first[3] is False and again == (first[0], first[1], first[2], True)
+    assert Path(first[0]).name == f"sprite-env-{'ab' * 16}.tar"
+    stray = Path(cache) / f"sprite-env-{'cd' * 16}.tar"
+    stray.write_bytes(b"not sprite's")
+    with pytest.raises(stagerun.StageFailed, match="without its record"):
+        stagerun.cached_archive(cache, Source(), files, "cd" * 32)
+    assert stray.read_bytes() == b"not sprite's" and sorted(os.listdir(cache)) == sorted(
+        [Path(first[0]).name, Path(first[0]).name + ".json", stray.name])
+
+
+def test_the_node_tool_exits_2_for_a_folder_that_is_not_its_own(tmp_path):
+    """The per-node tool (python -m sprite.launch.stage.node) refuses a folder it did not make with exit 2 (a
+    symlink to one here: a real folder of this user without a marker is waited for first, 10 s)."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("mine")
+    (tmp_path / "stage").symlink_to(theirs)
+    done = subprocess.run([sys.executable, "-m", "sprite.launch.stage.node", "claim", "--dir",
+                           str(tmp_path / "stage"), "--token", "t0"], capture_output=True, text=True, timeout=60,
+                          env=_env({}))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert sorted(os.listdir(theirs)) == ["keep.txt"] and (theirs / "keep.txt").read_text() == "mine"
+
+
 def test_remove_leaves_a_folder_that_is_not_this_runs_alone(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir()
