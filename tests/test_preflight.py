@@ -395,12 +395,18 @@ def _preflight(sprite_cmd, env, out, *args) -> tuple[int, dict, float]:
 
 @pytest.mark.slow
 def test_a_clean_preflight_of_two_simulated_nodes_passes(sprite_cmd, clean_env, tmp_path):
-    code, report, took = _preflight(sprite_cmd, _allocation(clean_env, tmp_path, 2), tmp_path / "out")
+    """Two ranks on each node, so each node's own all-reduce runs too (docs/preflight.md)."""
+    code, report, took = _preflight(sprite_cmd, _allocation(clean_env, tmp_path, 2), tmp_path / "out",
+                                    "--devices", "2")
     assert code == 0 and report["ok"], report["nodes"]
     assert [n["host"] for n in report["nodes"]] == ["127.0.0.1", "127.0.0.2"]
-    assert all(n["global_busbw_gbps"] > 0 and n["compute_seconds"] > 0 for n in report["nodes"])
+    assert all(n["global_busbw_gbps"] > 0 and n["node_busbw_gbps"] > 0 and n["compute_seconds"] > 0
+               for n in report["nodes"]), report["nodes"]
     assert json.loads((tmp_path / "out" / "preflight.json").read_text())["ok"] is True
-    assert took < 90
+    logs = {p.name for p in (tmp_path / "out" / "logs").iterdir()}  # a rank's file once it wrote anything
+    assert "rank0.log" in logs and logs <= {f"rank{r}.log" for r in range(4)}, logs
+    assert (tmp_path / "out" / "launch.log").is_file()
+    assert took < 120
 
 
 @pytest.mark.slow
@@ -443,6 +449,10 @@ def test_run_with_preflight_leaves_a_bad_node_out_when_the_allocation_has_room(s
     assert [n["host"] for n in pre["nodes"] if not n["ok"]] == ["127.0.0.2"]
     assert next(r for r in records if r["kind"] == "launch")["hosts"] == ["127.0.0.1", "127.0.0.3"]
     assert "launching on 127.0.0.1, 127.0.0.3 without them" in done.stderr
+    # docs/preflight.md: the whole allocation is checked, and the record comes before the launch's
+    assert len(pre["nodes"]) == 3 and pre["decision"] == "launch without 127.0.0.2"
+    kinds = [r["kind"] for r in records]
+    assert kinds.index("preflight") < kinds.index("launch")
 
 
 @pytest.mark.slow
@@ -457,6 +467,7 @@ def test_run_with_preflight_stops_before_the_launch_without_room(sprite_cmd, cle
     kinds = [r["kind"] for r in _audit(run_dir)]
     assert kinds == ["preflight"]  # nothing launched
     assert not os.path.exists(run_dir / "heartbeat" / "attempt-1")
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "preflight failed"
 
 
 # --- Slurm: three slurmd on this machine (tests/slurm_cluster.py), sprite inside salloc ---
