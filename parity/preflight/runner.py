@@ -32,14 +32,15 @@ def flags_for(out: pathlib.Path, base: dict) -> dict:
     """JobSpec fields of the preflight launch: ``base`` (the user's world: nodes, devices, launcher, site, ...)
     running the worker, never resuming, each rank's output in ``out/logs``. CPU ranks compute with one thread
     (unless OMP_NUM_THREADS is set): simulated nodes share this machine's cores, and the check is of the node.
-    Never staged (``stage: off``): the preflight of ``sprite run --stage --preflight`` comes before the staging,
+    No preemption signal (a preflight saves nothing; rank 0 would otherwise warn that its plain script gets no
+    checkpoint-and-stop). Never staged (``stage: off``): the preflight of ``sprite run --stage --preflight`` comes before the staging,
     which then copies the environment to the nodes it kept, so its ranks run the environment where it is installed."""
     env = {**(base.get("env") or {}), "PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = "1"
     return {**base, "script": os.fspath(WORKER), "args": ["--out", os.fspath(out)], "strategy": "auto",
             "precision": "auto", "resume": "never", "log_dir": os.fspath(out / "logs"), "ranks": None, "env": env,
-            "stall_timeout": None, "retries": None, "spare_nodes": 0, "stage": "off"}
+            "stall_timeout": None, "retries": None, "spare_nodes": 0, "stage": "off", "preempt_signal": "none"}
 
 
 def plan(out: pathlib.Path, base: dict, environ: Mapping[str, str] = os.environ,
