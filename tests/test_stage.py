@@ -15,6 +15,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -310,6 +311,11 @@ def test_stage_under_slurm_broadcasts_with_sbcast_and_every_rank_imports_the_cop
     _check_ranks(tmp_path, 2, stage_dir)
     record = _stage_record(tmp_path / "run")
     assert record["broadcast"] == "sbcast" and record["shared_folder"] is False and record["dir"] == stage_dir
+    assert len(record["sha256"]) == 64 and record["bytes"] > 0 and record["files"] > 0
+    assert record["pack_seconds"] >= 0 and record["broadcast_seconds"] > 0
+    said = re.search(r"sprite: staged (\d+) MB \((packed|cached archive) in [\d.]+ s, on 1 node\(s\) in [\d.]+ s\)"
+                     rf" to {re.escape(stage_dir)}\n", done.stderr)
+    assert said and int(said.group(1)) == round(record["bytes"] / 1e6), done.stderr[-3000:]
     import sprite
 
     if "site-packages" not in sprite.__file__:  # an editable install's source folders stay shared, and are named
