@@ -159,6 +159,8 @@ def test_one_process_roles_run_two_at_a_time_and_distributed_ones_alone(fp32):
     fit = json.loads((out / "single" / "fit" / "rank0.json").read_text())["steps"]
     assert fit[0]["rows"] != fit[3]["rows"]  # rows are reshuffled every epoch
     assert sorted(r for s in fit[:3] for r in s["rows"]) == sorted(r for s in fit[3:] for r in s["rows"])
+    # docs/ckpt-check.md: a per-step LR schedule, LambdaLR 1/(1+step) from AdamW's 1e-2
+    assert [step["lr"] for step in fit] == [[pytest.approx(1e-2 / (1 + n), rel=1e-12)] for n in range(len(fit))]
     manifest = json.loads((out / "checkpoints" / "fsdp-killed-epoch1" / "sprite-manifest.json").read_text())
     shards = {f"__{rank}_{i}.distcp" for rank in (0, 1) for i in range(1)}
     assert set(manifest["files"]) == {".metadata", "meta.pt", *shards}
