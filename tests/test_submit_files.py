@@ -321,6 +321,19 @@ def test_the_submit_command_runs_under_umask_077(tmp_path, fake_bin, kind, clien
     assert seen.read_text().strip() == "0077"
 
 
+def test_an_output_dir_that_is_a_symlink_to_a_folder_is_used_as_that_folder(tmp_path, fake_bin):
+    """docs/jobs.md: a symlink given as scheduler.output_dir is the user's own choice of folder (scratch linked from
+    home, as on Aurora): the new files go into its target; nothing there is replaced and the link stays."""
+    fake_client(fake_bin, "sbatch", "echo 'Submitted batch job 93'\n")  # a FAKE sbatch
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "train-1.sbatch").write_text("the user's own\n")
+    (tmp_path / "jobs").symlink_to(scratch)
+    _, submitted = submit.submit(submit.prepare(write_spec(tmp_path, output_dir="jobs"), "slurm", cwd=str(tmp_path)))
+    assert Path(submitted.script_path).name == "train-2.sbatch" and (scratch / "train-2.sbatch").is_file()
+    assert (scratch / "train-1.sbatch").read_text() == "the user's own\n" and (tmp_path / "jobs").is_symlink()
+
+
 def test_pbs_status_and_cancel_ask_qstat_and_qdel_for_the_job(tmp_path, fake_bin):
     """docs/jobs.md: `sprite status` runs qstat and `sprite cancel` qdel on the job id (FAKE clients recording
     their arguments); a refusal is one line, exit 2."""
