@@ -76,6 +76,24 @@ def test_relaunches_resume_unless_the_user_said_never(script, tmp_path):
     assert not run.keep_never and plan.env[contract.RESUME] == "auto"
 
 
+@pytest.mark.parametrize("resume, starts", [("never", "starting from scratch (--resume never)."),
+                                            (None, "starting from the last valid checkpoint.")])
+def test_the_relaunch_line_says_where_the_next_attempt_starts(script, tmp_path, monkeypatch, capsys, resume, starts):
+    """docs/long-runs.md: a relaunch says whether it resumes; under --resume never it starts from scratch (FAKE
+    attempts: the first a node fault, the second a success)."""
+    from sprite.recovery import loop
+
+    run, plan = prepare(script, tmp_path, retries="1", **({"resume": resume} if resume else {}))
+    verdicts = iter([classify.Verdict(classify.NODE_FAULT, "rank 1 was killed"),
+                     classify.Verdict(classify.SUCCESS, "")])
+    monkeypatch.setattr(attempt, "run_one", lambda run, plan, number, signals: (
+        {"attempt": number, "exit_code": 0 if number == 2 else 137, "progressed": True}, next(verdicts)))
+    monkeypatch.setattr(run, "record", lambda kind, **fields: None)
+    assert loop.run_attempts(run, plan) == 0
+    said = capsys.readouterr().err
+    assert "relaunching on the same hosts as attempt 2 of 2, " + starts in said, said
+
+
 def test_watchdog_settings_from_flags_spec_and_site(script, tmp_path):
     run, _ = prepare(script, tmp_path, stall_timeout="30", save_timeout="90")
     assert (run.limits.stall, run.limits.first_step, run.limits.save) == (30, 300, 90)
