@@ -94,6 +94,26 @@ def test_the_relaunch_line_says_where_the_next_attempt_starts(script, tmp_path, 
     assert "relaunching on the same hosts as attempt 2 of 2, " + starts in said, said
 
 
+def test_no_relaunch_follows_an_attempt_that_sprite_was_told_to_stop_during(script, tmp_path, monkeypatch):
+    """A SIGTERM to sprite run while an attempt ends in a node fault: the retry policy would relaunch, but sprite
+    was told to stop, so it does not (FAKE attempt; the signal is put where sprite's handler puts it)."""
+    import signal
+
+    from sprite.recovery import loop
+
+    run, plan = prepare(script, tmp_path, retries="2")
+    records = []
+
+    def one_attempt(run, plan, number, signals):
+        signals.received.append(signal.SIGTERM)
+        return {"attempt": number, "exit_code": 143, "progressed": True}, classify.Verdict(classify.NODE_FAULT, "x")
+
+    monkeypatch.setattr(attempt, "run_one", one_attempt)
+    monkeypatch.setattr(run, "record", lambda kind, **fields: records.append((kind, fields.get("next"))))
+    assert loop.run_attempts(run, plan) == 143
+    assert records == [("attempt_end", "stop: sprite was told to stop")]
+
+
 def test_watchdog_settings_from_flags_spec_and_site(script, tmp_path):
     run, _ = prepare(script, tmp_path, stall_timeout="30", save_timeout="90")
     assert (run.limits.stall, run.limits.first_step, run.limits.save) == (30, 300, 90)
