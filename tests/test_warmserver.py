@@ -319,3 +319,36 @@ def test_a_rank_of_another_python_or_sprite_install_is_not_forked(key):
     assert warmserver.refusal({"fingerprint": dict(mine), "env": cpu}, mine) is None
     theirs = {**mine, key: {"PYTHONOPTIMIZE": "1"} if key == "env" else "/elsewhere/" + key}
     assert warmserver.refusal({"fingerprint": theirs, "env": cpu}, mine) == f"its {key} differs from the server's"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_server_removes_its_socket_and_its_ranks_die_with_it(tmp_path):
+    """docs/run.md: SIGTERM stops the server and removes its socket; ranks still running die with it."""
+    folder = tmp_path / "own"
+    folder.mkdir()
+    proc, sock = start_warm_server(folder)
+    deadline = time.monotonic() + 180
+    while not sock.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, (folder / "server.err").read_text()
+        time.sleep(0.2)
+    out = tmp_path / "rank"
+    out.mkdir()
+    rank = start(sock, out, "sleep")
+    pid = record(out)["pid"]
+    assert pid != rank.pid and Path(f"/proc/{pid}").exists()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) is not None and not sock.exists()
+    deadline = time.monotonic() + 20
+    while _running(pid):
+        assert time.monotonic() < deadline, f"rank {pid} outlived the server"
+        time.sleep(0.1)
+    rank.communicate(timeout=30)
+    assert rank.returncode != 0  # its stand-in reports the rank's end
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
