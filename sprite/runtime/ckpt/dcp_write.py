@@ -233,7 +233,9 @@ class Writer(FileSystemWriter):
                 cause = _os_error(err)
                 if cause is err or cause is None:
                     raise
-                raise cause from err
+                # a new exception of the OSError's kind: raising that one itself would close a loop in the chain
+                raise type(cause)(*cause.args) if cause.errno is None else type(cause)(
+                    cause.errno, cause.strerror, cause.filename) from err
         if future.done():  # as torch 2.11-2.13 return it: the write is over
             _all_written(future.value(), expected, failed, self.path)
             return future
