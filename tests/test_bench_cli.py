@@ -137,3 +137,21 @@ def test_the_lightning_baseline_resolves_auto_as_sprite_does_and_refuses_xpu(mon
     with pytest.raises(UsageError, match="cannot run on xpu"):
         step.trainer_kwargs(BenchSettings(accelerator="auto"))
     assert step.trainer_kwargs(BenchSettings(accelerator="cpu"))["accelerator"] == "cpu"
+
+
+def test_the_bench_starts_its_own_warm_server_importing_the_models_libraries(monkeypatch):
+    """docs/bench.md: without baselines, on CPU and with no server set, the bench starts one of its own, which also
+    imports transformers and peft (a FAKE private server records what it was asked for); with baselines none."""
+    import contextlib
+
+    from sprite.launch import warmserver, warmstart
+
+    asked = []
+    monkeypatch.setattr(warmstart, "wanted", lambda argv, env: True)
+    monkeypatch.setattr(warmserver, "private", lambda modules, say, meanwhile: (asked.append(modules),
+                                                                               contextlib.nullcontext())[1])
+    console = Console(file=io.StringIO())
+    bench_runner.warm_launches(BenchSettings(accelerator="cpu", baselines=()), console)
+    assert asked == [("transformers", "peft")]
+    bench_runner.warm_launches(BenchSettings(accelerator="cpu", baselines=("raw",)), console)
+    assert asked == [("transformers", "peft")]

@@ -225,3 +225,13 @@ def test_the_launch_bound_probe_runs_in_sprite_s_arm_at_the_smallest_world_only(
     settings = BenchSettings(sweep=(4, 2, 8), baselines=("raw",))
     assert [world for world in (2, 4, 8) if settings.probes(world, "sprite")] == [2]
     assert not settings.probes(2, "raw")
+
+
+def test_measure_peak_times_gemms_in_the_steps_dtype():
+    """docs/bench.md: --measure-peak times GEMMs in the step's dtype (bf16 for both bf16 precisions)."""
+    from sprite.parity.bench.peaks import measure_peak
+    from sprite.runtime.devices import DEVICE_TABLE
+
+    for precision, dtype in (("bf16-mixed", "bfloat16"), ("bf16-true", "bfloat16"), ("32-true", "float32")):
+        tflops, said = measure_peak(DEVICE_TABLE["cpu"], torch.device("cpu"), precision, repeats=1)
+        assert tflops > 0 and f"512x512 {dtype} GEMMs" in said, said

@@ -213,6 +213,14 @@ def test_twelve_thousand_ranks_give_two_lines_with_the_culprit_first():
     assert found.lines == (culprit, "ranks 0-6,8-11999 on n[0000-0999]: waiting in backward, for rank 7")
 
 
+def test_ranks_at_the_same_place_but_different_collectives_are_two_groups():
+    """docs/hangs.md: ranks are grouped by where they are and what the flight recorder says of them."""
+    states = {0: state(0, places.COLLECTIVE, "waiting in all_reduce", seq=7),
+              1: state(1, places.COLLECTIVE, "waiting in all_reduce", seq=7),
+              2: state(2, places.COLLECTIVE, "waiting in all_reduce", seq=8)}
+    assert [[s.rank for s in group] for group in dg.groups(states)] == [[0, 1], [2]]
+
+
 def test_many_groups_are_cut_and_every_line_is_bounded():
     states = {r: state(r, places.USER, f"stuck in f{r} " + "x" * 900) for r in range(20)}
     found = dg.diagnose(states)

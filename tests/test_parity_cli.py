@@ -121,3 +121,20 @@ def test_bare_sprite_parity_runs_the_fp32_check_with_every_default(capsys, tmp_p
     assert out == Path("sprite-checks/parity-1")
     assert settings == Settings(precision="32-true", devices=2, nodes=1, model="tiny", accelerator="auto",
                                 faults=(), time_limit=1800) == Settings()
+
+
+def test_json_prints_the_verdict_reports_and_plot_on_stdout_and_the_progress_on_stderr(capsys, tmp_path, monkeypatch):
+    """docs/parity.md: --json prints {"verdict", "reports", "plot"} on stdout, progress on stderr (FAKE arms and
+    comparison: what --json does with their results is under test)."""
+    import json
+
+    from sprite.parity.check import compare, plot, runner
+
+    monkeypatch.setattr(runner, "claim_dir", lambda out, settings: None)
+    monkeypatch.setattr(runner, "run_arms", lambda out, settings, console, fresh=False: {})
+    monkeypatch.setattr(compare, "compare", lambda out: {"fp32_report.json": {"verdict": "pass"}})
+    monkeypatch.setattr(plot, "write_png", lambda out, reports: None)
+    code, out, err = sprite(capsys, "parity", "--json", "--out", str(tmp_path / "x"))
+    assert code == 0 and json.loads(out) == {"verdict": "pass", "reports": {"fp32_report.json": {"verdict": "pass"}},
+                                             "plot": None}
+    assert f"results: {tmp_path / 'x'}" in err and "comparing" in err

@@ -278,6 +278,23 @@ def test_the_preflight_checks_the_jobs_own_precision_and_never_runs_a_staged_cop
     assert launch.stage is None
 
 
+def test_the_preflight_options_default_as_docs_preflight_says(tmp_path):
+    """docs/preflight.md and --help: deadline 600 s, collective timeout 60 s, grace 5 s, slow factor 2, size 512,
+    9 timed repetitions; the ranks' rendezvous may take the whole deadline."""
+    import os
+
+    from sprite.cli.preflight import options_from
+    from sprite.parity.preflight import runner
+
+    options = options_from(None, None, None, None)
+    assert (options.deadline, options.collective_timeout, options.grace, options.slow_factor, options.size,
+            options.repeats) == (600.0, 60.0, 5.0, 2.0, 512, 9)
+    base = {"devices": "1", "accelerator": "cpu"}
+    launch = runner.plan(tmp_path / "out", base, os.environ)
+    settings = runner.settings_for(tmp_path / "out", base, (), options, os.environ, None, launch)
+    assert settings.rendezvous_timeout == options.deadline and settings.repeats == 9 and settings.size == 512
+
+
 def test_the_watcher_stops_the_launch_once_records_stop_arriving(tmp_path):
     (tmp_path / "ranks").mkdir()
     stop, done = threading.Event(), threading.Event()

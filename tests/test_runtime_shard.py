@@ -88,6 +88,21 @@ def test_hugging_face_decoder_blocks(mesh):
     model(torch.randint(0, 256, (1, 8))).logits.sum().backward()
 
 
+def test_a_script_that_shards_nothing_gets_each_hugging_face_block_sharded(mesh):
+    """docs/runtime.md: where the script shards nothing, sprite shards each Hugging Face block (the model's
+    _no_split_modules), then each trainable child of the LightningModule; nothing trainable is left unmanaged."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    outer = nn.Module()
+    outer.backbone = transformers.Qwen2ForCausalLM(config)
+    outer.head = nn.Linear(64, 2)
+    _auto_shard(outer, mesh)
+    assert all(isinstance(layer, FSDPModule) for layer in outer.backbone.model.layers)
+    assert isinstance(outer.backbone, FSDPModule) and isinstance(outer.head, FSDPModule)
+    assert unmanaged_trainables(outer) == []
+
+
 def _trained(mesh):
     model = shard_model(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)), mesh, layer_classes=(nn.Linear,))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
