@@ -456,11 +456,12 @@ def _audit(run_dir) -> list[dict]:
 @pytest.mark.slow
 def test_run_with_preflight_leaves_a_bad_node_out_when_the_allocation_has_room(sprite_cmd, clean_env, tmp_path,
                                                                                example_script):
-    env = _allocation(clean_env, tmp_path, 3)
+    env = _allocation(clean_env, tmp_path, 4)  # 127.0.0.4 is excluded: the preflight leaves it out too
     run_dir = tmp_path / "run"
     done = subprocess.run([*sprite_cmd, "run", "--nodes", "2", "--devices", "1", "--accelerator", "cpu",
-                           "--preflight", "--preflight-fault", "127.0.0.2:wrong-result", "--run-dir", str(run_dir),
-                           example_script, "--max-steps", "2"], env=env, capture_output=True, text=True, timeout=300)
+                           "--exclude", "127.0.0.4", "--preflight", "--preflight-fault", "127.0.0.2:wrong-result",
+                           "--run-dir", str(run_dir), example_script, "--max-steps", "2"], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     records = _audit(run_dir)
     pre = next(r for r in records if r["kind"] == "preflight")
@@ -468,8 +469,9 @@ def test_run_with_preflight_leaves_a_bad_node_out_when_the_allocation_has_room(s
     assert [n["host"] for n in pre["nodes"] if not n["ok"]] == ["127.0.0.2"]
     assert next(r for r in records if r["kind"] == "launch")["hosts"] == ["127.0.0.1", "127.0.0.3"]
     assert "launching on 127.0.0.1, 127.0.0.3 without them" in done.stderr
-    # docs/preflight.md: the whole allocation is checked, and the record comes before the launch's
-    assert len(pre["nodes"]) == 3 and pre["decision"] == "launch without 127.0.0.2"
+    # docs/preflight.md: the whole allocation less --exclude is checked, and the record comes before the launch's
+    assert [n["host"] for n in pre["nodes"]] == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    assert pre["decision"] == "launch without 127.0.0.2"
     kinds = [r["kind"] for r in records]
     assert kinds.index("preflight") < kinds.index("launch")
 
@@ -513,3 +515,17 @@ def test_a_wrong_result_on_one_of_three_slurmd_nodes_is_named_under_srun(sprite_
     assert [n["host"] for n in report["nodes"]] == ["n1", "n2", "n3"]
     assert report["failed_hosts"] == ["n2"] and list(report["nodes"][1]["failed"]) == ["result"], report
     assert report["world"]["launcher"] == "srun"
+
+
+def test_the_timed_repetitions_stop_at_200_however_short_they_are(monkeypatch):
+    """docs/preflight.md: repetitions go on until they span 0.5 s, 200 at most (a FAKE instant computation and a
+    10 s span make the cap the only stop)."""
+    import torch
+
+    from sprite.parity.preflight import reference
+    from sprite.runtime.devices import DEVICE_TABLE
+
+    monkeypatch.setattr(reference, "run_once", lambda *args: {"x": torch.zeros(1)})
+    monkeypatch.setattr(reference, "MIN_SECONDS", 10.0)
+    found = reference.measure(torch.device("cpu"), DEVICE_TABLE["cpu"], ("fp32",), 8, 9)
+    assert len(found["all_seconds"]) == reference.MAX_REPEATS == 200

@@ -280,6 +280,23 @@ def test_a_specs_stage_key_takes_the_words_docs_staging_names(written, staged, t
     assert (plan_run({}, _env({}), str(spec)).stage is not None) is staged
 
 
+def test_keep_stage_leaves_the_copies_on_the_nodes(tmp_path, monkeypatch):
+    """docs/staging.md: --keep-stage (spec: keep_stage: true) keeps the folder; without it the end of the run removes
+    it on every node (FAKE node steps record what would run)."""
+    from sprite.launch.plan import plan_run
+    from sprite.launch.stage import run as stagerun
+
+    (tmp_path / "t.py").write_text("print(1)\n")
+    steps = []
+    monkeypatch.setattr(stagerun, "_step", lambda argv, what: steps.append(what) or "")
+    for keep, wanted in ((True, []), (None, ["remove the stage folders"])):
+        steps.clear()
+        plan = plan_run({"script": str(tmp_path / "t.py"), "stage": "/dev/shm/x", "keep_stage": keep}, _env({}))
+        assert plan.stage.keep is bool(keep)
+        stagerun.unstage(plan.stage)
+        assert steps == wanted
+
+
 def test_a_stage_folder_that_is_not_sprites_is_refused_and_left_as_it_was(sprite_cmd, tmp_path, stage_cache):
     theirs = tmp_path / "theirs"
     theirs.mkdir()
