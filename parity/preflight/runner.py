@@ -33,8 +33,9 @@ def flags_for(out: pathlib.Path, base: dict) -> dict:
     running the worker, never resuming, each rank's output in ``out/logs``. CPU ranks compute with one thread
     (unless OMP_NUM_THREADS is set): simulated nodes share this machine's cores, and the check is of the node.
     No preemption signal (a preflight saves nothing; rank 0 would otherwise warn that its plain script gets no
-    checkpoint-and-stop). Never staged (``stage: off``): the preflight of ``sprite run --stage --preflight`` comes before the staging,
-    which then copies the environment to the nodes it kept, so its ranks run the environment where it is installed."""
+    checkpoint-and-stop). Never staged (``stage: off``): the preflight of ``sprite run --stage --preflight`` comes
+    before the staging, which then copies the environment to the nodes it kept, so its ranks run the environment
+    where it is installed."""
     env = {**(base.get("env") or {}), "PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = "1"

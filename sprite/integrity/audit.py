@@ -72,10 +72,6 @@ def append(path, kind: str, /, **fields) -> dict:
         ValueError: a field uses a reserved name or a value JSON cannot hold.
         IntegrityError: the trail is not a regular file, or its last line is torn or not a sprite record.
     """
-    return _append(path, kind, fields)
-
-
-def _append(path, kind: str, fields: dict) -> dict:
     clash = sorted(set(fields) & set(RESERVED))
     if clash:
         raise ValueError(f"audit field names {clash} are reserved")

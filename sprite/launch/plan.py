@@ -126,13 +126,10 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     env.update(cadence_env(spec))
     if spec.checkpoint_writer:
         env[contract.CHECKPOINT_WRITER] = spec.checkpoint_writer
-    env.update(ctx.run_env)
-    if stacks.RECORDER_BUFFER in ctx.run_env and {stacks.RECORDER_BUFFER, stacks.RECORDER_OLD_BUFFER} & set(given):
-        # the recorder's size the user gave in env or --env is kept, under either name (run_env's is a default)
-        if stacks.RECORDER_BUFFER in given:
-            env[stacks.RECORDER_BUFFER] = given[stacks.RECORDER_BUFFER]
-        else:
-            del env[stacks.RECORDER_BUFFER]
+    # run_env's recorder size is a default: one the user gave in env or --env, under either name, is kept
+    user_recorder = {stacks.RECORDER_BUFFER, stacks.RECORDER_OLD_BUFFER} & set(given)
+    env.update({name: value for name, value in ctx.run_env.items()
+                if not (user_recorder and name == stacks.RECORDER_BUFFER)})
     env.update(rank_output.rank_env(world.flavour, world.size, spec.log_dir, spec.ranks))
     return env
 

@@ -192,14 +192,9 @@ def dcp_save(converted_state: dict, path, process_group=None) -> None:
                               "only into a new folder (nothing in it is written over).")
     if _collect is None:
         from torch.distributed.checkpoint import save
-        from torch.distributed.checkpoint.api import CheckpointException
 
-        try:
-            with paused_gc():
-                save(converted_state, storage_writer=dcp_write.writer(path),
-                     planner=dcp_write.planner(converted_state))
-        except CheckpointException as err:  # a BaseException, whose text is every rank's traceback
-            raise OSError(f"torch's writer failed on {torch_failures(err)}") from None
+        with torch_errors(), paused_gc():
+            save(converted_state, storage_writer=dcp_write.writer(path), planner=dcp_write.planner(converted_state))
         return
     from sprite.runtime.ckpt import background
 
@@ -242,15 +237,23 @@ def _async_dcp(state: dict, path, group) -> Pending:
     upload = getattr(started, "upload_completion", started)
 
     def run() -> dict:
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        try:
+        with torch_errors():
             upload.result()
-        except CheckpointException as err:  # a BaseException, whose text is every rank's traceback
-            raise OSError(f"torch's writer failed on {torch_failures(err)}") from None
         return {}
 
     return Pending(run)
+
+
+@contextlib.contextmanager
+def torch_errors():
+    """Inside the block, torch's ``CheckpointException`` (a BaseException, whose text is every rank's traceback)
+    becomes an OSError of one line naming each failed rank's own error (:func:`torch_failures`)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        raise OSError(f"torch's writer failed on {torch_failures(err)}") from None
 
 
 def torch_failures(err) -> str:
