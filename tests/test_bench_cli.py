@@ -122,7 +122,7 @@ def test_launches_show_their_state_elapsed_time_and_what_is_left(tmp_path, monke
     assert "about" in lines[3] and lines[-1].endswith("about 0 s left")
 
 
-def test_the_lightning_baseline_resolves_auto_as_sprite_does_and_refuses_xpu(monkeypatch):
+def test_the_lightning_baseline_resolves_auto_as_sprite_does_and_refuses_xpu(monkeypatch, capsys):
     """docs/bench.md: --baseline lightning does not run on XPU, also where --accelerator auto finds XPU devices
     (Lightning's own auto knows no XPU and would train on the CPU). A FAKE torch.xpu with 4 devices stands in."""
     import torch
@@ -137,6 +137,11 @@ def test_the_lightning_baseline_resolves_auto_as_sprite_does_and_refuses_xpu(mon
     with pytest.raises(UsageError, match="cannot run on xpu"):
         step.trainer_kwargs(BenchSettings(accelerator="auto"))
     assert step.trainer_kwargs(BenchSettings(accelerator="cpu"))["accelerator"] == "cpu"
+    # the arm's own entry point reports it as one line and exit 2 (the arm runs without sprite's runtime)
+    monkeypatch.setattr(step, "main", lambda: step.trainer_kwargs(BenchSettings(accelerator="auto")))
+    assert step.cli_main() == 2
+    err = capsys.readouterr().err
+    assert "cannot run on xpu" in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
 def test_the_bench_starts_its_own_warm_server_importing_the_models_libraries(monkeypatch):

@@ -104,5 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli_main() -> int:
+    """:func:`main` as the lightning baseline's ranks run it (under torchrun, without sprite's runtime to report
+    its errors): a SpriteError is one line on stderr and its exit code, not a traceback."""
+    from sprite.errors import EXIT_USAGE, SpriteError, report
+
+    try:
+        return main()
+    except SpriteError as err:
+        print(report(err), file=sys.stderr, flush=True)
+        return err.exit_code or EXIT_USAGE
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli_main())
