@@ -256,15 +256,17 @@ def test_precisions_follow_the_jobs_precision():
     assert precisions_for("32-true") == ("fp32",)
 
 
-def test_the_preflight_checks_the_jobs_own_precision_and_never_runs_a_staged_copy(tmp_path):
-    """docs/preflight.md: fp32 and the job's half precision (its flag, else its spec's); the preflight of
-    `sprite run --stage --preflight` runs before the staging, so its ranks run the environment where it is."""
+def test_the_preflight_checks_the_jobs_own_precision_and_runs_only_a_copy_already_staged(tmp_path):
+    """docs/preflight.md: fp32 and the job's half precision (its flag, else its spec's). The preflight stages
+    nothing itself: `sprite preflight` runs the environment where it is, whatever the spec's stage and keep_stage
+    say; `sprite run --stage --preflight` hands it the folder it has staged, whose interpreter its ranks run."""
     import sys
 
     from sprite.parity.preflight import runner
 
     spec = tmp_path / "half.job.yaml"
-    spec.write_text("site: local\nscript: t.py\ndevices: 1\naccelerator: cpu\nprecision: 16-mixed\nstage: true\n")
+    spec.write_text("site: local\nscript: t.py\ndevices: 1\naccelerator: cpu\nprecision: 16-mixed\nstage: true\n"
+                    "keep_stage: true\n")
     out = tmp_path / "out"
     for base, spec_file, wanted in (({}, str(spec), ("fp32", "fp16")), ({"precision": "bf16-mixed"}, str(spec),
                                     ("fp32", "bf16")), ({"precision": "32-true"}, None, ("fp32",)),
@@ -274,8 +276,13 @@ def test_the_preflight_checks_the_jobs_own_precision_and_never_runs_a_staged_cop
                                        os.environ, spec_file, launch)
         assert settings.precisions == wanted, (base, spec_file)
         assert launch.stage is None and sys.executable in launch.argv  # the interpreter that runs sprite
-    launch = runner.plan(out, {"devices": "1", "accelerator": "cpu", "stage": "/tmp/sprite-stage-x"}, os.environ)
+    launch = runner.plan(out, {"devices": "1", "accelerator": "cpu", "stage": "/tmp/sprite-stage-x",
+                               "keep_stage": True}, os.environ)
     assert launch.stage is None
+    staged = runner.plan(out, {"devices": "1", "accelerator": "cpu", "stage": "auto", "keep_stage": True},
+                         os.environ, str(spec), staged="/tmp/sprite-stage-y")
+    assert staged.stage.dir == "/tmp/sprite-stage-y" and staged.stage.python in staged.argv
+    assert sys.executable not in staged.argv[staged.argv.index(staged.stage.python):]  # the ranks run the copy
 
 
 def test_the_preflight_options_default_as_docs_preflight_says(tmp_path):

@@ -342,24 +342,40 @@ def test_stage_under_slurm_broadcasts_with_sbcast_and_every_rank_imports_the_cop
 
 
 @pytest.mark.slow
-def test_stage_on_two_simulated_hydra_nodes_reuses_the_cached_archive(small_venv, stage_cache, node_local, tmp_path):
+def test_stage_then_preflight_the_copy_on_three_simulated_hydra_nodes_reusing_the_cached_archive(
+        small_venv, stage_cache, node_local, tmp_path):
+    """docs/staging.md and docs/preflight.md: with --preflight the environment is staged first, on every usable
+    node, and the preflight's ranks run the copy; a node it fails is left out, and its copy is removed too."""
     fit = tmp_path / "fit.py"
     fit.write_text(FIT)
     nodefile = tmp_path / "nodefile"
-    nodefile.write_text("127.0.0.1\n127.0.0.2\n")
+    nodefile.write_text("127.0.0.1\n127.0.0.2\n127.0.0.3\n")
     env = _env({"PBS_JOBID": "4343.sim", "PBS_NODEFILE": str(nodefile), "HYDRA_LAUNCHER": "fork",
                 "SPRITE_STAGE_CACHE": str(stage_cache), "TMPDIR": str(node_local)})
     first_archives = sorted(stage_cache.glob("*.tar"))
     cmd = [small_venv, "-m", "sprite", "run", "--run-dir", str(tmp_path / "run"), "--launcher", "mpiexec", "--mpi",
-           "hydra", "--nodes", "2", "--devices", "1", "--stage", "auto", str(fit), str(tmp_path)]
+           "hydra", "--nodes", "2", "--devices", "1", "--stage", "auto", "--preflight",
+           "--preflight-fault", "127.0.0.2:wrong-result", str(fit), str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     record = _stage_record(tmp_path / "run")
-    assert record["broadcast"] == "read" and record["hosts"] == 2
+    assert record["broadcast"] == "read" and record["hosts"] == 3
     assert record["dir"].startswith(str(node_local) + "/sprite-stage-")
     _check_ranks(tmp_path, 2, record["dir"])
-    # Both "nodes" ran the node tool: one unpacked, the other found this run's copy on the shared ramdisk.
-    assert done.stderr.count("sprite-stage: ") >= 4, done.stderr[-3000:]
+    preflight_ranks = sorted((tmp_path / "run" / "preflight" / "ranks").glob("rank*.compute.json"))
+    assert len(preflight_ranks) == 3, done.stderr[-3000:]
+    for path in preflight_ranks:  # the preflight's ranks imported torch from the copy too
+        found = json.loads(path.read_text()).get("torch_from", "")
+        assert found.startswith(record["dir"] + "/"), (path.name, found)
+    audit = [json.loads(line) for line in (tmp_path / "run" / "audit.jsonl").read_text().splitlines()]
+    kinds = [entry["kind"] for entry in audit]
+    assert kinds.index("stage") < kinds.index("preflight") < kinds.index("launch")
+    assert next(entry for entry in audit if entry["kind"] == "preflight")["left_out"] == ["127.0.0.2"]
+    assert next(entry for entry in audit if entry["kind"] == "launch")["hosts"] == ["127.0.0.1", "127.0.0.3"]
+    # All three "nodes" ran the node tool: one unpacked, the others found this run's copy on the shared ramdisk.
+    assert done.stderr.count("unpacked") == 3, done.stderr[-3000:]
+    # ... and all three are asked to remove it, the node left out too (node_local fails the test if it stays).
+    assert done.stderr.count(": removed\n") + done.stderr.count(": nothing to remove\n") == 3, done.stderr[-3000:]
     if first_archives:  # the Slurm test ran first in this session: this launch packed nothing
         assert record["cached"] is True and sorted(stage_cache.glob("*.tar")) == first_archives
 

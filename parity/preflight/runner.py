@@ -28,28 +28,29 @@ WORKER = pathlib.Path(__file__).with_name("worker.py")
 LAUNCH_LOG = "launch.log"
 
 
-def flags_for(out: pathlib.Path, base: dict) -> dict:
+def flags_for(out: pathlib.Path, base: dict, staged: str | None = None) -> dict:
     """JobSpec fields of the preflight launch: ``base`` (the user's world: nodes, devices, launcher, site, ...)
     running the worker, never resuming, each rank's output in ``out/logs``. CPU ranks compute with one thread
     (unless OMP_NUM_THREADS is set): simulated nodes share this machine's cores, and the check is of the node.
     No preemption signal (a preflight saves nothing; rank 0 would otherwise warn that its plain script gets no
-    checkpoint-and-stop). Never staged (``stage: off``): the preflight of ``sprite run --stage --preflight`` comes
-    before the staging, which then copies the environment to the nodes it kept, so its ranks run the environment
-    where it is installed."""
+    checkpoint-and-stop). It stages nothing itself: ``staged`` is the folder `sprite run --stage --preflight`
+    has already staged on every node, whose interpreter its ranks then run (the preflight tries the start-up the
+    job will have); without it (`sprite preflight`) the ranks run the environment where it is installed."""
     env = {**(base.get("env") or {}), "PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = "1"
     return {**base, "script": os.fspath(WORKER), "args": ["--out", os.fspath(out)], "strategy": "auto",
             "precision": "auto", "resume": "never", "log_dir": os.fspath(out / "logs"), "ranks": None, "env": env,
-            "stall_timeout": None, "retries": None, "spare_nodes": 0, "stage": "off", "preempt_signal": "none"}
+            "stall_timeout": None, "retries": None, "spare_nodes": 0, "stage": staged or "off", "keep_stage": False,
+            "preempt_signal": "none"}
 
 
 def plan(out: pathlib.Path, base: dict, environ: Mapping[str, str] = os.environ,
-         spec_file: str | None = None) -> LaunchPlan:
+         spec_file: str | None = None, staged: str | None = None) -> LaunchPlan:
     """Raises UsageError when the world cannot be launched here (as ``plan_run``)."""
     from sprite.launch.plan import plan_run
 
-    return plan_run(flags_for(out, base), environ, spec_file)
+    return plan_run(flags_for(out, base, staged), environ, spec_file)
 
 
 def prepare(out: pathlib.Path, settings: PreflightSettings, launch: LaunchPlan) -> None:
@@ -187,7 +188,7 @@ def check_out(out: pathlib.Path) -> None:
 
 def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, options: Options,
               environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
-              fault_option: str = "--fault") -> dict:
+              fault_option: str = "--fault", staged: str | None = None) -> dict:
     """Plans, launches and judges one preflight into ``out``; returns the report (saved as preflight.json).
 
     Raises UsageError for a world that cannot be launched here, a bad fault, a used ``out``, a missing launcher or
@@ -198,7 +199,7 @@ def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, opt
     from sprite.parity.preflight.settings import parse_faults
 
     check_out(out)
-    launch_plan = plan(out, base, environ, spec_file)
+    launch_plan = plan(out, base, environ, spec_file, staged)
     faults = parse_faults(fault_values, launch_plan.world.hosts, fault_option)
     settings = settings_for(out, base, faults, options, environ, spec_file, launch_plan)
     check_ready(launch_plan)

@@ -62,7 +62,8 @@ def compute(settings: PreflightSettings, kind, fault: str | None) -> dict:
     """This rank's devices and reference computation (never raises: an error is recorded)."""
     seen = kind.device_count() - (1 if fault == "no-device" else 0)
     record = {"devices_seen": seen, "torch": torch.__version__, "python": platform.python_version(),
-              "accelerator": kind.name, "threads": torch.get_num_threads()}
+              "accelerator": kind.name, "threads": torch.get_num_threads(),
+              "torch_from": os.path.dirname(torch.__file__)}  # a staged copy's, under sprite run --stage
     try:
         device = _device(kind)
         record["device_name"] = kind.device_name(device)

@@ -146,8 +146,9 @@ def before_launch(run, plan, faults: List[str], job):
         alloc = allocation.exclude(alloc, job.exclude, job.origins.get("exclude", "--exclude"))
     nodes = str(len(alloc.hosts)) if plan.world.launcher != "local" else None
     _say(f"preflight of {len(alloc.hosts) if nodes else 1} node(s) before the launch; records in {run.path}/preflight")
+    staged = plan.stage.dir if plan.stage is not None else None  # entry.run_all staged it first
     result = runner.preflight(run.path / "preflight", {**run.flags, "nodes": nodes}, faults, runner.Options(),
-                              run.environ, run.spec_file, "--preflight-fault")
+                              run.environ, run.spec_file, "--preflight-fault", staged)
     report.show(result, Console(stderr=True))
     bad = result["failed_hosts"]
     fields = {"ok": result["ok"], "seconds": result["launch"]["seconds"], "report": f"{result['out']}/{report.REPORT}",

@@ -90,12 +90,12 @@ def _launch_record(run: Run, plan: LaunchPlan) -> None:
         run.record("requeue", job_id=world.alloc.job_id, restart_count=restarts)
 
 
-def _staged_attempts(run: Run, plan: LaunchPlan, base: dict) -> int:
-    """``run_attempts``, after staging the environment on every node under ``--stage`` (recorded as "stage";
-    every attempt reuses the copy) and removing the copies after the last attempt. Raises SpriteError when
-    staging fails (run.json says so)."""
+def _stage(run: Run, plan: LaunchPlan, base: dict):
+    """Stage the environment on every node under ``--stage`` (recorded as "stage"; the preflight and every
+    attempt run the copy); returns the StagePlan to remove at the end (every node it staged, whichever the
+    attempts use), or None without --stage. Raises SpriteError when staging fails (run.json says so)."""
     if plan.stage is None:
-        return run_attempts(run, plan)
+        return None
     from sprite.launch.stage import run as staging
 
     try:
@@ -108,35 +108,48 @@ def _staged_attempts(run: Run, plan: LaunchPlan, base: dict) -> int:
     print(f"sprite: staged {staged['bytes'] / 1e6:.0f} MB ({'cached archive' if staged['cached'] else 'packed'} "
           f"in {staged['pack_seconds']:.1f} s, on {staged['hosts']} node(s) in {staged['broadcast_seconds']:.1f} s)"
           f" to {staged['dir']}", file=sys.stderr, flush=True)
-    try:
-        return run_attempts(run, plan)
-    finally:
-        staging.unstage(plan.stage)
+    return plan.stage
+
+
+def _checked_attempts(run: Run, plan: LaunchPlan, base: dict, preflight) -> int | None:
+    """The preflight (when asked for), then every attempt; returns the exit code, or None when the preflight
+    stopped the run."""
+    if preflight is not None:  # --preflight (sprite.cli.preflight): may leave failed nodes out, or stop (exit 1)
+        plan = preflight(run, plan)
+        if plan is None:
+            rundir.write_summary(run.path, {"run_dir": str(run.path), "status": "preflight failed"})
+            return None
+    if plan.log_dir:  # after the run folder, which may hold it (--run-dir R --log-dir R/logs)
+        ranklog.prepare(plan.log_dir)
+    for note in plan.output_notes:  # where the ranks' output goes, once it can go there
+        print(f"sprite: {note}", file=sys.stderr, flush=True)
+    _launch_record(run, plan)
+    rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
+    return run_attempts(run, plan)
 
 
 def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
-    """Create the run folder and the rank-log folder, run every attempt, write the completion record and run.json;
-    returns the exit code.
+    """Create the run folder and the rank-log folder, stage the environment (--stage), run the preflight
+    (--preflight, on the staged copy) and every attempt, remove the staged copies, write the completion record
+    and run.json; returns the exit code.
 
     Raises UsageError when the launcher program is missing or rank 0's port on this machine is taken (before
     anything is created).
     """
     execute.check_ready(plan)
     rundir.create(run.path)
-    if preflight is not None:  # --preflight (sprite.cli.preflight): may leave failed nodes out, or stop (exit 1)
-        plan = preflight(run, plan)
-        if plan is None:
-            rundir.write_summary(run.path, {"run_dir": str(run.path), "status": "preflight failed"})
-            return EXIT_CHECK_FAILED
-    if plan.log_dir:  # after the run folder, which may hold it (--run-dir R --log-dir R/logs)
-        ranklog.prepare(plan.log_dir)
-    for note in plan.output_notes:  # where the ranks' output goes, once it can go there
-        print(f"sprite: {note}", file=sys.stderr, flush=True)
-    _launch_record(run, plan)
     base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(),
             "argv": masked_argv(sys.argv)}
-    rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
-    code = _staged_attempts(run, plan, base)
+    staged = _stage(run, plan, base)
+    try:
+        code = _checked_attempts(run, plan, base, preflight)
+    finally:
+        if staged is not None:
+            from sprite.launch.stage import run as staging
+
+            staging.unstage(staged)
+    if code is None:
+        return EXIT_CHECK_FAILED
     last = run.attempts[-1]
     if requeue.wanted(run.requeue, last):
         # Slurm ends this batch script (SIGTERM, SIGKILL after KillWait) as soon as it requeued the job: the
