@@ -21,7 +21,12 @@ def _rank(rank: int, world: int, port: int, out: str, ending: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     dist.all_reduce(torch.ones(4))
-    if rank == 1 and ending == "abandon":
+    if ending == "fail-late":  # rank 1 fails 1 s after rank 0 reached the end of its script
+        finish.WAIT_ALL_SECONDS = 30.0  # bounds the test without the fix
+        if rank == 1:
+            time.sleep(1)
+        ending = "abandon" if rank == 1 else "finish"
+    elif rank == 1 and ending == "abandon":
         time.sleep(3)  # still in the group while rank 0 leaves: abandon must not wait for it
     elif rank == 1:
         time.sleep(1)  # the script ends later on rank 1, and its teardown takes 2 s more
@@ -61,3 +66,17 @@ def test_finished_ranks_wait_for_each_other_destroy_the_group_and_rank_0_leaves_
     assert [first["initialized"], second["initialized"]] == [False, False]
     # rank 0 waited for rank 1 to arrive (1 s) and then to release it after its own teardown (2 s more)
     assert first["seconds"] >= 2.8 and second["seconds"] >= 2.0
+
+
+@pytest.mark.slow
+def test_a_finished_rank_stops_waiting_as_soon_as_a_peer_fails(tmp_path):
+    """A rank that fails after its peers finished (a script raising after its fit) marks itself in the store, so
+    they leave at once instead of waiting WAIT_ALL_SECONDS for it: under mpiexec nothing else would end them."""
+    import torch.multiprocessing as mp
+
+    from sprite.launch.rendezvous import free_port
+
+    mp.start_processes(_rank, args=(2, free_port(), str(tmp_path), "fail-late"), nprocs=2, start_method="spawn")
+    first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert [first["initialized"], second["initialized"]] == [False, False]
+    assert 0.9 <= first["seconds"] < 10  # rank 0 waited for rank 1's 1 s, not for WAIT_ALL_SECONDS

@@ -50,9 +50,12 @@ class M(L.LightningModule):
 
 L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
           enable_model_summary=False).fit(M(), DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8))
+attempt = os.environ.get("SPRITE_ATTEMPT", "1")
 with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as out:
     json.dump({"torch": torch.__file__, "lightning": L.__file__, "prefix": sys.prefix,
-               "base_prefix": sys.base_prefix, "os": os.__file__}, out)
+               "base_prefix": sys.base_prefix, "os": os.__file__, "attempt": attempt}, out)
+if len(sys.argv) > 2 and sys.argv[2] == "--fail-first" and attempt == "1" and os.environ["RANK"] == "1":
+    raise RuntimeError("the first attempt fails after its fit, so --retries relaunches it")
 '''
 
 
@@ -99,9 +102,10 @@ def _stage_record(run_dir: Path) -> dict:
     return next(entry for entry in kinds if entry["kind"] == "stage")
 
 
-def _check_ranks(out: Path, ranks: int, stage_dir: str) -> None:
+def _check_ranks(out: Path, ranks: int, stage_dir: str, attempt: str = "1") -> None:
     for rank in range(ranks):
         seen = json.loads((out / f"rank{rank}.json").read_text())
+        assert seen["attempt"] == attempt, (rank, seen)
         for key in ("torch", "lightning", "os"):
             assert seen[key].startswith(stage_dir + "/"), (rank, key, seen[key])
         assert seen["prefix"] == f"{stage_dir}/env" and seen["base_prefix"] == f"{stage_dir}/base"
@@ -345,7 +349,8 @@ def test_stage_under_slurm_broadcasts_with_sbcast_and_every_rank_imports_the_cop
 def test_stage_then_preflight_the_copy_on_three_simulated_hydra_nodes_reusing_the_cached_archive(
         small_venv, stage_cache, node_local, tmp_path):
     """docs/staging.md and docs/preflight.md: with --preflight the environment is staged first, on every usable
-    node, and the preflight's ranks run the copy; a node it fails is left out, and its copy is removed too."""
+    node, and the preflight's ranks run the copy; a node it fails is left out, and its copy is removed too. A
+    relaunch (--retries) runs the same copy: staged once, for every attempt."""
     fit = tmp_path / "fit.py"
     fit.write_text(FIT)
     nodefile = tmp_path / "nodefile"
@@ -354,14 +359,15 @@ def test_stage_then_preflight_the_copy_on_three_simulated_hydra_nodes_reusing_th
                 "SPRITE_STAGE_CACHE": str(stage_cache), "TMPDIR": str(node_local)})
     first_archives = sorted(stage_cache.glob("*.tar"))
     cmd = [small_venv, "-m", "sprite", "run", "--run-dir", str(tmp_path / "run"), "--launcher", "mpiexec", "--mpi",
-           "hydra", "--nodes", "2", "--devices", "1", "--stage", "auto", "--preflight",
-           "--preflight-fault", "127.0.0.2:wrong-result", str(fit), str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+           "hydra", "--nodes", "2", "--devices", "1", "--stage", "auto", "--preflight", "--retries", "1",
+           "--preflight-fault", "127.0.0.2:wrong-result", str(fit), str(tmp_path), "--fail-first"]
+    # About 20 s here; under mpiexec the first attempt's rank 0 ends only because its failing peer tells it to.
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     record = _stage_record(tmp_path / "run")
     assert record["broadcast"] == "read" and record["hosts"] == 3
     assert record["dir"].startswith(str(node_local) + "/sprite-stage-")
-    _check_ranks(tmp_path, 2, record["dir"])
+    _check_ranks(tmp_path, 2, record["dir"], attempt="2")  # the relaunch's ranks wrote last, from the copy
     preflight_ranks = sorted((tmp_path / "run" / "preflight" / "ranks").glob("rank*.compute.json"))
     assert len(preflight_ranks) == 3, done.stderr[-3000:]
     for path in preflight_ranks:  # the preflight's ranks imported torch from the copy too
@@ -372,6 +378,7 @@ def test_stage_then_preflight_the_copy_on_three_simulated_hydra_nodes_reusing_th
     assert kinds.index("stage") < kinds.index("preflight") < kinds.index("launch")
     assert next(entry for entry in audit if entry["kind"] == "preflight")["left_out"] == ["127.0.0.2"]
     assert next(entry for entry in audit if entry["kind"] == "launch")["hosts"] == ["127.0.0.1", "127.0.0.3"]
+    assert kinds.count("stage") == 1 and kinds.count("attempt_start") == 2, kinds
     # All three "nodes" ran the node tool: one unpacked, the others found this run's copy on the shared ramdisk.
     assert done.stderr.count("unpacked") == 3, done.stderr[-3000:]
     # ... and all three are asked to remove it, the node left out too (node_local fails the test if it stays).

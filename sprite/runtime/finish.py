@@ -26,17 +26,21 @@ import threading
 import time
 
 ARRIVED, RELEASED = "sprite/finish/arrived", "sprite/finish/released"
+FAILED = "sprite/finish/failed"  # counted up by a failing rank (``abandon``): its peers stop waiting for it
 WAIT_ALL_SECONDS = 1800.0  # as long as Lightning's default process-group timeout: a rank may still be saving
 WAIT_RELEASE_SECONDS = 60.0
 
 
-def _wait_count(store, key: str, target: int, seconds: float) -> bool:
+def _wait_count(store, key: str, target: int, seconds: float) -> str:
+    """"" once ``key`` counts ``target``; "failed" as soon as a rank marked itself failing; "timeout"."""
     deadline = time.monotonic() + seconds
     while store.add(key, 0) < target:
+        if store.add(FAILED, 0):
+            return "failed"
         if time.monotonic() > deadline:
-            return False
+            return "timeout"
         time.sleep(0.05)
-    return True
+    return ""
 
 
 def finish() -> None:
@@ -52,42 +56,65 @@ def finish() -> None:
         return
     store = dist.distributed_c10d._get_default_store()  # held here, so it outlives the process group
     store.add(ARRIVED, 1)
-    if not _wait_count(store, ARRIVED, world, WAIT_ALL_SECONDS):
+    missing = _wait_count(store, ARRIVED, world, WAIT_ALL_SECONDS)
+    if missing == "failed":  # that rank's own error is the run's outcome; this one finished
+        print(f"sprite: rank {rank}: another rank failed before the end of the script; exiting without waiting "
+              "for it.", file=sys.stderr, flush=True)
+        _leave_group(failing=False)
+        return
+    if missing:
         print(f"sprite: warning: rank {rank}: not every rank reached the end of the script within "
               f"{WAIT_ALL_SECONDS:.0f} s; exiting without waiting for them.", file=sys.stderr, flush=True)
         return
     dist.destroy_process_group()
     if rank != 0:
         store.add(RELEASED, 1)
-    elif not _wait_count(store, RELEASED, world - 1, WAIT_RELEASE_SECONDS):
+    elif _wait_count(store, RELEASED, world - 1, WAIT_RELEASE_SECONDS):
         print("sprite: warning: rank 0: some ranks did not confirm their shutdown; exiting anyway.",
               file=sys.stderr, flush=True)
 
 
 def abandon(seconds: float = 10.0) -> None:
-    """On a rank that is failing (an exception or a non-zero exit from the script): destroy a gloo process group
-    without waiting for any peer, so the interpreter's exit cannot abort in gloo's threads and turn the rank's own
-    exit code (2 for a --strict check, 1 for a crash) into -6. Peers may be stuck, so nothing waits for them, and
-    the destroy itself gets ``seconds`` in a daemon thread. Other backends are left alone (an NCCL destroy with
-    work in flight can hang). Never raises."""
+    """On a rank that is failing (an exception or a non-zero exit from the script): count it in the store's
+    FAILED key, so peers that finished and wait for it in ``finish`` leave at once (mpiexec, unlike srun's
+    --kill-on-bad-exit, lets them wait: a rank that raised after its fit held its peers for WAIT_ALL_SECONDS),
+    and leave the process group without waiting for any peer (``_leave_group``). Never raises."""
+    _leave_group(seconds, failing=True)
+
+
+def _leave_group(seconds: float = 10.0, failing: bool = True) -> None:
+    """Mark this rank failing in the store (``failing``), and destroy a gloo process group without waiting for any
+    peer, so the interpreter's exit cannot abort in gloo's threads and turn the rank's own exit code (2 for a
+    --strict check, 1 for a crash) into -6. Peers may be stuck, so nothing waits for them, and both get
+    ``seconds`` in a daemon thread. Other backends' groups are left alone (an NCCL destroy with work in flight can
+    hang). Never raises."""
     try:
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or "gloo" not in str(dist.get_backend()).lower():
+        if not (dist.is_available() and dist.is_initialized()):
             return
+        gloo = "gloo" in str(dist.get_backend()).lower()
     except Exception:  # a failing rank must still exit with its own code
+        return
+    if not (gloo or failing):
         return
     done = threading.Event()
 
-    def destroy() -> None:
+    def leave() -> None:
         try:
-            dist.destroy_process_group()
+            if failing:
+                dist.distributed_c10d._get_default_store().add(FAILED, 1)
+        except Exception:  # the store's host may be gone: nothing is waiting there then
+            pass
+        try:
+            if gloo:
+                dist.destroy_process_group()
         except Exception:
             pass
         finally:
             done.set()
 
-    threading.Thread(target=destroy, name="sprite-abandon", daemon=True).start()
+    threading.Thread(target=leave, name="sprite-abandon", daemon=True).start()
     done.wait(seconds)
 
 
