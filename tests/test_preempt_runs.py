@@ -179,6 +179,42 @@ def test_the_resumed_chain_equals_the_uninterrupted_fit_bit_for_bit(runs):
     assert same_weights(runs["root"] / "final-c3.pt", runs["root"] / "final-ref.pt")
 
 
+def _batches(root: Path, tag: str, rank: int) -> dict:
+    """(step, batch) -> loss of every batch a run of ``tag`` trained; a batch trained twice fails."""
+    seen: dict = {}
+    for record in map(json.loads, (root / f"losses-{tag}-rank{rank}.jsonl").read_text().splitlines()):
+        key = (record["step"], record["batch"])
+        assert key not in seen, f"{tag}: step {key[0]}, batch {key[1]} trained twice"
+        seen[key] = record["loss"]
+    return seen
+
+
+def test_a_signal_in_the_middle_of_gradient_accumulation_stops_at_the_optimizer_step_and_resumes_bit_for_bit(
+        sprite_cmd, tmp_path):
+    """docs/long-runs.md: the ranks stop at the next optimizer step, never between the batches one step
+    accumulates. Two batches a step (4 steps an epoch), held at the first batch of step 5 and signalled there: the
+    second batch of step 5 still trains, the checkpoint is of step 6, and the resumed fit equals the reference."""
+    accumulate = ("--accumulate", "2", "--max-steps", "8")
+    ref = run_held(sprite_cmd, tmp_path, "aref", [], tmp_path / "aref_ck", -1, None, script_flags=accumulate)
+    assert ref["code"] == 0, ref["log"][-3000:]
+    ck = tmp_path / "achain_ck"
+    first = run_held(sprite_cmd, tmp_path, "a1", [], ck, 5, to_sprite_run, script_flags=accumulate)
+    assert first["code"] == EXIT_PREEMPTED, first["log"][-3000:]
+    stop = next(r for r in audit.read(first["run_dir"] / "audit.jsonl") if r["kind"] == "preemption")
+    assert stop["step"] == 6 and stop["checkpoint"].endswith("preempted-epoch=1-step=6.ckpt"), stop
+    assert integrity.verify(stop["checkpoint"]).valid
+    for rank in (0, 1):
+        trained = _batches(tmp_path, "a1", rank)
+        assert max(trained) == (5, 3) and (5, 2) in trained  # both batches of step 5 (epoch 1's third and fourth)
+    second = run_held(sprite_cmd, tmp_path, "a2", ["--resume", "auto"], ck, -1, None, script_flags=accumulate)
+    assert second["code"] == 0, second["log"][-3000:]
+    assert "(step 6, epoch 1)" in second["log"]
+    for rank in (0, 1):
+        stitched = {**_batches(tmp_path, "a1", rank), **_batches(tmp_path, "a2", rank)}
+        assert stitched == _batches(tmp_path, "aref", rank)
+    assert same_weights(tmp_path / "final-a2.pt", tmp_path / "final-aref.pt")
+
+
 def test_one_rank_stops_for_the_signal_though_a_c_library_took_it_beneath_python(sprite_cmd, tmp_path):
     """On one H200 a rank's MPI start-up (Open MPI's, through mpi4py) replaced the handler beneath Python and the
     fit trained on (docs/runs/h200-2026-12-03-c). The script here takes SIGUSR1 the same way, through libc, before

@@ -6,8 +6,9 @@ Nothing here knows about sprite's manifests or resume: sprite's runtime seals th
 ``--resume`` to ``Trainer.fit``. Each rank appends ``{"step", "loss", "t"}`` per step to OUT/losses-<tag>-rank<N>.jsonl;
 rank 0 saves the final trainable weights to OUT/final-<tag>.pt. ``--crash-at-save K`` makes rank 0 write half of
 its K-th checkpoint file (counted in this process) and SIGKILL itself: a save cut short in the middle.
-``--hold-at-step K --hold-dir DIR`` makes every rank, at the start of global step K, write DIR/held-rank<N> and
-wait for DIR/go: a test sends its signal while the ranks are known to be at that step. ``--grow-at-step K``: see
+``--hold-at-step K --hold-dir DIR`` makes every rank, at the start of global step K (its first batch, under
+``--accumulate N``), write DIR/held-rank<N> and wait for DIR/go: a test sends its signal while the ranks are known
+to be at that step. ``--grow-at-step K``: see
 :func:`grow`.
 """
 
@@ -43,7 +44,7 @@ class Net(L.LightningModule):
         self.log("progress", float(self.global_step))
         path = os.path.join(self.out, f"losses-{self.tag}-rank{self.global_rank}.jsonl")
         with open(path, "a") as sink:
-            sink.write(json.dumps({"step": self.global_step, "loss": float(loss.detach()).hex(),
+            sink.write(json.dumps({"step": self.global_step, "batch": batch_idx, "loss": float(loss.detach()).hex(),
                                    "t": time.perf_counter()}) + "\n")
         return loss
 
@@ -106,6 +107,7 @@ def main() -> None:
                         help="at this global step a buffer joins the state and /dev/shm looks full to sprite (a fake)")
     parser.add_argument("--full-state", action="store_true", help="FSDP2: one full-state file, not a DCP folder")
     parser.add_argument("--count-batches", action="store_true", help="a buffer the module's own hook counts in")
+    parser.add_argument("--accumulate", type=int, default=1, help="Trainer(accumulate_grad_batches=N)")
     parser.add_argument("--hold-at-step", type=int, default=-1)
     parser.add_argument("--hold-dir", default="")
     parser.add_argument("--usr1-taken-beneath-python", action="store_true",
@@ -134,7 +136,8 @@ def main() -> None:
         extra["strategy"] = FSDP2Strategy(save_distributed_checkpoint=False)
     trainer = L.Trainer(max_steps=args.max_steps, callbacks=[checkpoints], logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        use_distributed_sampler=not args.random_sampler, **extra)
+                        use_distributed_sampler=not args.random_sampler, accumulate_grad_batches=args.accumulate,
+                        **extra)
     if args.crash_at_save and trainer.global_rank == 0:
         crash_at_save(trainer, args.crash_at_save)
     trainer.fit(model, DataLoader(data, batch_size=4, shuffle=True))
