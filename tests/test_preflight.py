@@ -456,6 +456,40 @@ def test_a_hang_is_caught_within_the_deadline_and_its_host_named(sprite_cmd, cle
     assert report["launch"]["stopped"] in ("records in", "deadline")
 
 
+@pytest.mark.parametrize("bad, decision", [(["127.0.0.2"], "launch without 127.0.0.2"),
+                                           (["127.0.0.2", "127.0.0.3", "127.0.0.4"], "stop")])
+def test_nodes_the_preflight_leaves_out_come_out_of_the_spares(clean_env, tmp_path, monkeypatch, bad, decision):
+    """docs/preflight.md: failed nodes are left out when the allocation has room, and the spares left shrink by the
+    nodes left out. 4 nodes, --nodes 2 --spare-nodes 2: one bad node leaves 2 + 1 spare; three leave no room. The
+    preflight's result is a FAKE (its launch is tested above): this checks the decision made from it."""
+    from sprite.cli import preflight as preflight_cli
+    from sprite.launch.plan import assemble
+    from sprite.parity.preflight import report, runner
+    from sprite.recovery import entry, rundir
+
+    env = _allocation(clean_env, tmp_path, 4)
+    script = tmp_path / "train.py"
+    script.write_text("")
+    flags = {"nodes": "2", "spare_nodes": "2", "devices": "1", "accelerator": "cpu", "launcher": "mpiexec",
+             "mpi": "hydra", "script": str(script), "preflight": True}
+    run, plan = entry.prepare(flags, None, str(tmp_path / "run"), env)
+    rundir.create(run.path)
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    nodes = [{"host": h, "ok": h not in bad, "failed": {"result": ["FAKE"]} if h in bad else {}} for h in hosts]
+    fake = {"ok": False, "failed_hosts": bad, "nodes": nodes, "launch": {"seconds": 1.0}, "out": str(tmp_path)}
+    monkeypatch.setattr(runner, "preflight", lambda *args, **kwargs: fake)
+    monkeypatch.setattr(report, "show", lambda *args: None)
+    job, _ = assemble(flags, None, env)
+    narrowed = preflight_cli.before_launch(run, plan, [], job)
+    record = next(r for r in _audit(run.path) if r["kind"] == "preflight")
+    assert record["decision"].startswith(decision), record
+    if decision == "stop":
+        assert narrowed is None
+        return
+    assert run.flags["spare_nodes"] == 1 and run.flags["exclude"] == ["127.0.0.2"]
+    assert narrowed.world.hosts == ("127.0.0.1", "127.0.0.3")
+
+
 def _audit(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines()]
 
