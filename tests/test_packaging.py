@@ -85,3 +85,39 @@ def test_every_module_compiles_under_the_oldest_python_pyproject_allows():
     files = [str(p) for folder in ("sprite", "parity", "tests", "benchmarks") for p in (root / folder).rglob("*.py")]
     done = subprocess.run([python, "-c", check, *files], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and len(files) > 100, done.stdout + done.stderr
+
+
+def test_no_module_uses_a_standard_library_name_newer_than_python_3_10():
+    """requires-python >= 3.10 covers the standard library too: vermin (a maintained detector of the Python
+    version each stdlib name and syntax needs) finds nothing in sprite, its harnesses, tests, benchmarks or examples
+    that 3.10 lacks. It found `hashlib.file_digest` (3.11) in integrity.sha256_file, which ckpt-check calls."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    vermin = shutil.which("vermin", path=os.path.dirname(sys.executable)) or shutil.which("vermin")
+    assert vermin, "vermin is in the test extra (pip install '.[test]')"
+    done = subprocess.run([vermin, "--no-tips", "--no-parse-comments", "-t=3.10-", "--violations",
+                           "--eval-annotations", *(str(root / d) for d in ("sprite", "parity", "tests", "benchmarks",
+                                                                             "examples"))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_integrity_facade_runs_under_python_3_10(tmp_path):
+    """sprite.integrity is stdlib only (docs/architecture.md): under a real Python 3.10 it seals a file, verifies
+    it and hashes it as this Python does."""
+    python = _python_310()
+    if python is None:
+        pytest.skip("no Python 3.10 interpreter on this machine")
+    from sprite import integrity
+
+    target = tmp_path / "state.bin"
+    target.write_bytes(b"sprite" * 100_000)
+    code = ("import sys\nfrom sprite import integrity\nintegrity.seal(sys.argv[1], {'step': 3})\n"
+            "verdict = integrity.verify(sys.argv[1])\nassert verdict.valid, verdict.reason\n"
+            "print(integrity.sha256_file(sys.argv[1]))\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([python, "-c", code, str(target)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == integrity.sha256_file(target)

@@ -110,4 +110,10 @@ def sha256_file(path) -> str:
     """The SHA-256 hex digest of a regular file, read in chunks (never through a symlink). Raises OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        file_digest = getattr(hashlib, "file_digest", None)  # Python 3.11+
+        if file_digest is not None:
+            return file_digest(handle, "sha256").hexdigest()
+        sha = hashlib.sha256()  # Python 3.10, which pyproject.toml allows
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+        return sha.hexdigest()
