@@ -202,6 +202,7 @@ def test_hashing_threads_share_the_nodes_cores_and_leave_the_training_loop_some_
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(digest, "cgroup_cpus", lambda: None)  # this machine's own cgroup has no say here
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
 
     def beside() -> int:
@@ -228,6 +229,38 @@ def test_hashing_threads_share_the_nodes_cores_and_leave_the_training_loop_some_
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert digest.workers() == digest.MAX_WORKERS
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_ranks_confined_together_to_a_cgroups_cores_share_them(tmp_path, monkeypatch, version):
+    """A batch job's cgroup may confine all of a node's ranks to 16 of its 208 cores without binding each rank:
+    every rank's affinity is then those 16, fewer than the machine's, which alone would look bound. Affinity equal
+    to the cgroup's cpuset counts as shared among the node's ranks; narrower, as bound. The cgroup files are FAKES
+    laid out as the kernel's (cgroup v1 and v2)."""
+    from sprite.integrity import digest
+
+    proc, root = tmp_path / "cgroup", tmp_path / "sys"
+    if version == "v2":
+        proc.write_text("0::/slurm/job_7/step_0\n")
+        folder, name = root / "slurm/job_7/step_0", "cpuset.cpus.effective"
+    else:
+        proc.write_text("4:memory:/slurm/job_7\n3:cpuset:/slurm/job_7/step_0\n0::/\n")
+        folder, name = root / "cpuset/slurm/job_7/step_0", "cpuset.effective_cpus"
+    folder.mkdir(parents=True)
+    (folder / name).write_text("0-7,104-111\n")
+    assert digest.cgroup_cpus(str(proc), str(root)) == 16
+    assert digest.cgroup_cpus(str(tmp_path / "missing"), str(root)) is None
+    (folder / name).write_text("not a list\n")
+    assert digest.cgroup_cpus(str(proc), str(root)) is None
+    monkeypatch.setattr(os, "cpu_count", lambda: 208)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)) | set(range(104, 112)))
+    assert digest.rank_cores(cgroup_cores=16) == 4  # the job's 16 cores shared by its node's 4 ranks
+    assert digest.rank_cores(cgroup_cores=None) == 16  # no cgroup to read: taken as bound, as before
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
+    assert digest.rank_cores(cgroup_cores=16) == 4  # bound to 4 of the job's 16: keeps them
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))
+    assert digest.rank_cores(cgroup_cores=16) == 2
 
 
 def test_the_sizes_and_thread_counts_docs_checkpoints_gives_are_the_codes():

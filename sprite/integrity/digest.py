@@ -26,19 +26,53 @@ SPARE = 2
 _READ = 4 << 20  # bytes per read inside a piece (bounded memory per thread)
 
 
-def rank_cores(env=os.environ) -> int:
-    """The cores this process may run on (its affinity), at least 1. Where that is every core of the machine, the
-    ranks were not bound to cores of their own, and this rank takes its share: the cores divided among its node's
-    ranks (``LOCAL_WORLD_SIZE``, which every rank sprite launches has; 1 outside a rank). A rank bound to a few
-    cores (``mpiexec --cpu-bind``, ``srun --cpu-bind``) keeps them all."""
+def rank_cores(env=os.environ, cgroup_cores=None) -> int:
+    """The cores this process may run on (its affinity), at least 1. Where that is every core of the machine, or
+    every core of its cgroup's cpuset (a batch job confined to part of the node, whose ranks all share those
+    cores), the ranks were not bound to cores of their own, and this rank takes its share: the cores divided among
+    its node's ranks (``LOCAL_WORLD_SIZE``, which every rank sprite launches has; 1 outside a rank). A rank bound to
+    fewer cores than that (``mpiexec --cpu-bind``, ``srun --cpu-bind``) keeps them all. ``cgroup_cores`` stands in
+    for :func:`cgroup_cpus` in tests."""
     machine = os.cpu_count() or 1
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = machine
-    if cores < machine:
+    confined = cgroup_cpus() if cgroup_cores is None else cgroup_cores
+    if cores < machine and cores != confined:
         return max(1, cores)
     return max(1, cores // local_ranks(env))
+
+
+def cgroup_cpus(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """How many CPUs this process's cgroup lets it use (cgroup v2 ``cpuset.cpus.effective``, v1
+    ``cpuset/.../cpuset.effective_cpus``); None where that cannot be read."""
+    try:
+        with open(proc, encoding="utf-8") as lines:
+            entries = [line.rstrip("\n").split(":", 2) for line in lines]
+        for hierarchy, controllers, path in entries:
+            if hierarchy == "0" and not controllers:
+                found = os.path.join(root, path.lstrip("/"), "cpuset.cpus.effective")
+                if os.path.exists(found):
+                    break
+            if "cpuset" in controllers.split(","):
+                found = os.path.join(root, "cpuset", path.lstrip("/"), "cpuset.effective_cpus")
+                break
+        else:
+            return None
+        with open(found, encoding="utf-8") as listing:
+            return _count_cpus(listing.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _count_cpus(listing: str) -> int | None:
+    """CPUs in a kernel cpu list such as ``0-3,8-11`` (None when empty). Raises ValueError for another text."""
+    total = 0
+    for part in filter(None, listing.split(",")):
+        low, _, high = part.partition("-")
+        total += int(high or low) - int(low) + 1
+    return total or None
 
 
 def local_ranks(env=os.environ) -> int:
