@@ -32,6 +32,7 @@ RECORDED = [
     ("srun-time-limit.log", 137, PREEMPTION, (), "sprite received SIGTERM"),
     ("hydra-sleeping-rank-stall.log", 124, STALL, (), "ranks 0-1 on vm in training step at step 3"),
     ("local-fsdp2-guarded-save-stall.log", 124, STALL, (), "rank 0 on vm in checkpoint save at step 4"),
+    ("hydra-rank-failed-peer-busy.log", 1, APP_FAULT, (), "rank 1: RuntimeError: rank 1 fails at step 2 on purpose"),
 ]
 
 
@@ -61,6 +62,18 @@ def test_sprites_own_lines_and_exit_codes():
     assert classify.classify(3, "no clue").reason == "exit code 3 with no recognised cause in the log"
     said = "[rank 0] sprite: resume: from ckpts/step=4.ckpt (step 4, epoch 0)\n[rank 1] ValueError: boom"
     assert classify.classify(1, said).cause == APP_FAULT  # sprite's notes are not refusals
+
+
+@pytest.mark.parametrize("label, rank", [("[rank 1] ", "1"), ("[1] [rank1]: ", "1"), ("1: ", "1"), (" 12: ", "12"),
+                                         ("[1,3]<stderr>:", "3"), ("[prterun-vm-42@1,5]<stderr>: ", "5"), ("", "")])
+def test_a_ranks_exception_is_found_under_every_launchers_label(label, rank):
+    """sprite.launch.rank_output.LABELS: the local supervisor, Hydra (with torch's own prefix), srun and PALS, and
+    Open MPI label each line their way; a peer's lost connection after it is not the cause."""
+    log = (f"{label}Traceback (most recent call last):\n{label}RuntimeError: rank 1 fails on purpose\n"
+           "[0] [rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:65155.\n")
+    verdict = classify.classify(1, log)
+    assert verdict.cause == APP_FAULT, verdict
+    assert verdict.reason == (f"rank {rank}: " if rank else "") + "RuntimeError: rank 1 fails on purpose"
 
 
 @pytest.mark.parametrize("code, log, cause", [

@@ -152,3 +152,22 @@ def test_a_silent_start_names_sprite_beat_and_a_stalled_step_names_the_collectiv
     assert "sprite.beat(step)" in first and "first-step allowance 300 s" in first
     stalled = Stall(61.0, 60.0, "stall timeout", "rank 0 at step 3").message()
     assert "sprite.beat" not in stalled and "collective" in stalled
+
+
+def test_a_failed_rank_stops_the_launch_only_after_the_grace_with_or_without_a_stall_timeout():
+    """recovery/watchdog.py FAILED_GRACE: counted from the first heartbeat that says a rank failed, whatever the
+    stall limits (a run without --stall-timeout is stopped too); nothing while every rank is healthy."""
+    from sprite.recovery.watchdog import FAILED_GRACE
+
+    for limits in (None, Limits.from_options(3600)):
+        watch = Watch(limits, 2, started=0.0)
+        healthy = {0: beat(0, 5), 1: beat(1, 5)}
+        assert watch.observe(healthy, 10.0) is None and watch.failure_overdue(healthy, 500.0) is None
+        failed = {0: beat(0, 5, count=2), 1: beat(1, 5, heartbeat.FAILED, count=2)}
+        assert watch.observe(failed, 20.0) is None
+        assert watch.failure_overdue(failed, 20.0 + FAILED_GRACE) is None
+        line = watch.failure_overdue(failed, 21.0 + FAILED_GRACE)
+        assert line.startswith("Stopped the launch: rank(s) 1 failed 31 s ago"), line
+        assert "rank 0 on h1 in training step at step 5; rank 1 on h1 failed at step 5" in line
+        watch.observe({0: beat(0, 5, count=3), 1: beat(1, 5, heartbeat.FAILED, count=3)}, 40.0)
+        assert watch.failed_at == 20.0  # the first report counts, not the latest

@@ -18,8 +18,9 @@ from sprite import contract
 # What a rank is doing, in the order a fit goes through them.
 START, TRAINING, VALIDATION, SAVE, DONE = "start", "training step", "validation", "checkpoint save", "done"
 PREEMPTED = "preempted"  # saved a checkpoint after the preemption signal and stopped (exit 75)
-PHASES = (START, TRAINING, VALIDATION, SAVE, DONE, PREEMPTED)
-ENDED = (DONE, PREEMPTED)  # the script has returned or stopped: no progress comes after these
+FAILED = "failed"  # the script raised or exited non-zero: this rank is leaving, its error is in its output
+PHASES = (START, TRAINING, VALIDATION, SAVE, DONE, PREEMPTED, FAILED)
+ENDED = (DONE, PREEMPTED, FAILED)  # the script has returned or stopped: no progress comes after these
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from sprite.errors import EXIT_PREEMPTED, EXIT_STALLED, SpriteError, one_line, r
 from sprite.launch.plan import LaunchPlan
 from sprite.recovery import child, classify, hang, policy
 from sprite.recovery.session import Run
-from sprite.recovery.watchdog import Stall, Watch, heartbeat_seconds, summarize
+from sprite.recovery.watchdog import FAILED_GRACE, Stall, Watch, heartbeat_seconds, summarize
 
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when sprite stops a stalled launch
 SIGNAL_GRACE = 30.0  # seconds a launch gets after a forwarded SIGINT/SIGTERM before SIGKILL
@@ -30,6 +30,7 @@ class Watcher:
         self.where, self.log, self.poll = where, log, heartbeat_seconds(run.limits) / 2
         self.watch = Watch(run.limits, world_size, time.monotonic())
         self.stall: Stall | None = None
+        self.failure: str | None = None  # the stop line once a failed rank's peers outlived FAILED_GRACE
         self.stacks, self.diagnosis = stacks, None
         self._next = 0.0
 
@@ -41,7 +42,10 @@ class Watcher:
         beats = heartbeat.read_all(self.where)
         self.stall = self.watch.observe(beats, now, self._output())
         if not self.stall:
-            return None
+            self.failure = self.watch.failure_overdue(beats, now)
+            # Not "sprite: error:", which the classifier takes for a rank's own refusal: the failing rank's error,
+            # already in the log, is the attempt's cause.
+            return f"sprite: {self.failure}" if self.failure else None
         stop = [report(SpriteError(self.stall.message()))]
         if self.stacks is not None:  # where every rank was: the ranks dumped their own stacks (issue 27)
             try:
@@ -125,6 +129,8 @@ def run_one(run: Run, plan: LaunchPlan, number: int, signals: child.Forwarding) 
     watcher.watch.observe(beats, time.monotonic())
     stall = watcher.stall if outcome.stopped_by else None
     code, verdict = _verdict(EXIT_STALLED if stall else outcome.code, log_path, plan, beats)
+    if watcher.failure and outcome.stopped_by and not stall:
+        run.record("failure_stop", attempt=number, reason=watcher.failure, grace_seconds=FAILED_GRACE)
     if stall:
         run.record("stall", attempt=number, idle_seconds=round(stall.idle, 1), limit_seconds=stall.limit,
                    allowance=stall.allowance, ranks=stall.summary, suspect_hosts=list(stall.suspect_hosts),

@@ -40,9 +40,11 @@ _ALLOCATION_END = re.compile(r"DUE TO PREEMPTION|DUE TO TIME LIMIT|PBS: job kill
 _OOM = re.compile(r"can't allocate memory|oom[-_]kill|CUDA out of memory|OutOfMemoryError|OUT_OF_DEVICE_MEMORY")
 _NODE_FAILURE = re.compile(r"Node failure on (?P<host>[\w.-]+)|ON (?P<on>[\w.-]+) CANCELLED AT \S+ DUE TO NODE "
                            r"FAILURE|NODE_FAIL|uncorrectable ECC|Xid \d+|DEVICE_LOST|GPU is lost|Bus error")
-# An exception line, after the local supervisor's "[rank N] " and torch's own "[rankN]: " prefixes.
-_EXCEPTION = re.compile(r"^(?:\[rank (?P<rank>\d+)\] )?(?:\[rank\d+\]: )?(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*"
-                        r"(?:Error|Exception)(?::.*)?)$", re.M)
+# An exception line, after the label of the launcher (sprite.launch.rank_output.LABELS: the local supervisor's
+# "[rank N] ", Hydra's "[N] ", srun's and PALS's "N: ", Open MPI's "[job,N]<stderr>:") and torch's own "[rankN]: ".
+_EXCEPTION = re.compile(r"^(?:\[rank (?P<rank>\d+)\] |\[(?P<hydra>\d+)\] | *(?P<label>\d+): "
+                        r"|\[[^\],\s]+,(?P<ompi>\d+)\]<std\w+>: ?)?(?:\[rank\d+\]: )?"
+                        r"(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::.*)?)$", re.M)
 _LOST_PEER = re.compile(r"Connection (?:refused|reset by peer|closed by peer)|failed to connect|ncclRemoteError|"
                         r"ncclSystemError|Socket Timeout|remote process exited|DistNetworkError|DistBackendError")
 _LAUNCHER_ECHO = re.compile(r"ChildFailedError")  # torchrun's agent restating a rank's failure
@@ -76,7 +78,8 @@ def _death(log: str, rank_hosts: Sequence[str]) -> tuple[str, tuple[str, ...]] |
 def _first_exception(log: str) -> str | None:
     for match in _EXCEPTION.finditer(log):
         if not _LOST_PEER.search(match["line"]) and not _LAUNCHER_ECHO.search(match["line"]):
-            rank = f"rank {match['rank']}: " if match["rank"] else ""
+            number = next((match[key] for key in ("rank", "hydra", "label", "ompi") if match[key]), None)
+            rank = f"rank {number}: " if number else ""
             return rank + match["line"].strip()[:300]
     return None
 

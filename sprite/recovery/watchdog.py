@@ -18,7 +18,13 @@ from sprite.contract.heartbeat import Beat
 
 _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training step",
                heartbeat.VALIDATION: "in validation", heartbeat.SAVE: "in checkpoint save",
-               heartbeat.DONE: "done with the script", heartbeat.PREEMPTED: "stopped for preemption"}
+               heartbeat.DONE: "done with the script", heartbeat.PREEMPTED: "stopped for preemption",
+               heartbeat.FAILED: "failed"}
+# Seconds a launch may go on after one of its ranks said it failed (heartbeat.FAILED) before sprite stops it: the
+# failing rank leaves its process group within 10 s (runtime/finish.py) and then prints its error; peers blocked in
+# a collective with it would otherwise wait for their backend's timeout (30 min under Lightning), since mpiexec
+# (Hydra, and PALS) does not end the other ranks when one exits non-zero.
+FAILED_GRACE = 30.0
 
 
 
@@ -73,6 +79,7 @@ class Watch:
     _last_change: float | None = None
     _output: int | None = None
     progressed: bool = False  # some rank got past its first training step in this attempt
+    failed_at: float | None = None  # when a rank's heartbeat first said it failed
 
     def observe(self, beats: dict[int, Beat], now: float, output: int | None = None) -> Stall | None:
         """``output``: how many bytes the launch has printed so far. While no rank has reported a phase past
@@ -89,6 +96,8 @@ class Watch:
                 self._seen[rank] = (beat.pid, beat.count)
                 self._last_change = now
             self.progressed |= beat.past_first_step
+            if beat.phase == heartbeat.FAILED and self.failed_at is None:
+                self.failed_at = now
         if self.limits is None:
             return None
         limit, allowance = self.limit_in_force(beats)
@@ -96,6 +105,17 @@ class Watch:
         if idle <= limit:
             return None
         return Stall(idle, limit, allowance, summarize(beats, self.world_size), suspects(beats, self.world_size))
+
+    def failure_overdue(self, beats: dict[int, Beat], now: float) -> str | None:
+        """The line that stops the launch once a rank said it failed FAILED_GRACE seconds ago and the launch goes on;
+        None otherwise."""
+        if self.failed_at is None or now - self.failed_at <= FAILED_GRACE:
+            return None
+        failed = sorted(rank for rank, beat in beats.items() if beat.phase == heartbeat.FAILED)
+        return (f"Stopped the launch: rank(s) {ranges(failed)} failed {now - self.failed_at:.0f} s ago (the error is "
+                f"in their output above or in their rank logs), and the launcher did not end the other ranks: "
+                f"{summarize(beats, self.world_size)}. The failing rank's error is the run's; fix it and relaunch, or "
+                "let --retries relaunch it.")
 
     def limit_in_force(self, beats: dict[int, Beat]) -> tuple[float, str]:
         if any(beat.phase == heartbeat.SAVE for beat in beats.values()):

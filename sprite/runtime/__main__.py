@@ -117,10 +117,12 @@ def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
             joined()
             durable.check()  # after the ranks ended together, so a peer is never left waiting for this one
         elif launched:
+            progress.fail()
             finish.abandon()
         raise
     except BaseException:
         if launched:
+            progress.fail()
             finish.abandon()
         raise
     if launched:

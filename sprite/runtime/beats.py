@@ -108,3 +108,12 @@ def finish(step: Optional[int] = None, phase: str = heartbeat.DONE) -> None:
     """Say this rank's script has returned (``phase`` PREEMPTED: it stopped for preemption)."""
     if _current is not None:
         _current.update(phase, step)
+
+
+def fail() -> None:
+    """Say this rank's script failed (an exception, or a non-zero exit): ``sprite run`` stops a launch whose other
+    ranks do not end by themselves soon after (recovery/watchdog.py). Never raises."""
+    try:
+        finish(phase=heartbeat.FAILED)
+    except Exception:  # a failing rank must still exit with its own code
+        pass
