@@ -211,6 +211,27 @@ def test_the_node_tool_exits_2_for_a_folder_that_is_not_its_own(tmp_path):
     assert sorted(os.listdir(theirs)) == ["keep.txt"] and (theirs / "keep.txt").read_text() == "mine"
 
 
+def test_processes_sharing_a_folder_stop_waiting_when_its_unpacker_fails(tmp_path, monkeypatch):
+    """Of the processes of one run that share a stage folder (a shared file system, or simulated nodes), one
+    unpacks and the others wait for its ready mark; when the unpack fails (here the archive does not hash as
+    recorded), the others stop at once with its reason instead of waiting WAIT_SECONDS, since mpiexec would not
+    end them."""
+    import time
+
+    monkeypatch.setattr(node, "WAIT_SECONDS", 20.0)
+    archive = tmp_path / "env.tar"
+    archive.write_bytes(_tar(_member("env/x.py")))
+    folder = str(tmp_path / "stage")
+    with pytest.raises(archmod.UnsafeArchive):
+        node.unpack(folder, "tok", str(archive), "0" * 64)  # the first process: it unpacks, and fails
+    start = time.monotonic()
+    with pytest.raises(OSError, match="unpacked the shared folder on .* failed .*UnsafeArchive"):
+        node.unpack(folder, "tok", str(archive), "0" * 64)  # a second process of the run, sharing the folder
+    assert time.monotonic() - start < 5
+    assert not os.path.exists(os.path.join(folder, node.READY)) and not os.path.exists(os.path.join(folder, "env"))
+    assert node.remove(folder, "tok") == "removed"
+
+
 def test_remove_leaves_a_folder_that_is_not_this_runs_alone(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir()

@@ -5,7 +5,8 @@ claim   make the folder ``D`` (mode 0700) with sprite's marker; a folder that ex
         this run's (its marker names token ``T``): sprite never writes into a folder it did not make
 unpack  claim, then extract the archive into ``D``, check its SHA-256, write the venv's ``pyvenv.cfg`` and
         ``bin/pythonX.Y`` link, mark it ready. When another process of this run holds the folder (two simulated
-        nodes on one machine share its /tmp), wait until that one marked it ready.
+        nodes on one machine share its /tmp, or ``--stage`` names a shared file system), wait until that one
+        marked it ready, or failed.
 remove  remove ``D`` if its marker names token ``T``; anything else is left alone. Of the processes of this run
         that share the folder, the one that renames it aside removes it.
 
@@ -29,6 +30,7 @@ from sprite.launch.stage import archive as archmod
 MARKER = ".sprite-stage"  # JSON {"token", "host", "pid"}: written once, when sprite made the folder
 READY = ".sprite-stage-ready"  # JSON {"sha256", "seconds", "bytes"}: written once, when the copy is complete
 UNPACKING = ".sprite-stage-unpacking"  # created once: the process that made it unpacks, others wait
+FAILED = ".sprite-stage-failed"  # JSON {"host", "error"}: the unpacker failed; the processes waiting stop at once
 ARCHIVE = ".sprite-archive.tar"  # where sbcast puts this node's copy of the archive (removed after unpacking)
 HELD = "already claimed by this run"  # claim's word for a folder another process of this run made (shared)
 WAIT_SECONDS = 900.0
@@ -101,10 +103,15 @@ def unpack(folder: str, token: str, archive: str, sha256: str, drop_archive: boo
         os.close(os.open(os.path.join(folder, UNPACKING), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     except FileExistsError:
         return _wait_ready(ready, start)
-    manifest, size = archmod.unpack(archive, folder, sha256)
-    if drop_archive:
-        os.unlink(archive)
-    _interpreter(folder, manifest)
+    try:
+        manifest, size = archmod.unpack(archive, folder, sha256)
+        if drop_archive:
+            os.unlink(archive)
+        _interpreter(folder, manifest)
+    except BaseException as err:  # the others of this run sharing the folder must not wait WAIT_SECONDS for it
+        with open(os.path.join(folder, FAILED), "x", encoding="utf-8") as out:
+            json.dump({"host": socket.gethostname(), "error": f"{type(err).__name__}: {err}"[:500]}, out)
+        raise
     seconds = time.monotonic() - start
     with open(ready, "x", encoding="utf-8") as out:
         json.dump({"sha256": sha256, "seconds": round(seconds, 3), "bytes": size}, out)
@@ -112,7 +119,15 @@ def unpack(folder: str, token: str, archive: str, sha256: str, drop_archive: boo
 
 
 def _wait_ready(ready: str, start: float) -> str:
+    """Until the unpacker of this run sharing the folder marks it ready. Raises TimeoutError after WAIT_SECONDS,
+    OSError at once when that unpacker failed (its FAILED mark)."""
+    failed = os.path.join(os.path.dirname(ready), FAILED)
     while not os.path.exists(ready):
+        if os.path.exists(failed):
+            with open(failed, encoding="utf-8") as mark:
+                said = json.load(mark)
+            raise OSError(f"the process of this run that unpacked the shared folder on {said.get('host')} failed "
+                          f"({said.get('error')})")
         if time.monotonic() - start > WAIT_SECONDS:
             raise TimeoutError(f"{ready} did not appear in {WAIT_SECONDS:.0f} s")
         time.sleep(0.2)
