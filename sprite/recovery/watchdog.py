@@ -23,7 +23,7 @@ _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training 
 # Seconds a launch may go on after one of its ranks said it failed (heartbeat.FAILED) before sprite stops it: the
 # failing rank leaves its process group within 10 s (runtime/finish.py) and then prints its error; peers blocked in
 # a collective with it would otherwise wait for their backend's timeout (30 min under Lightning), since mpiexec
-# (Hydra, and PALS) does not end the other ranks when one exits non-zero.
+# (MPICH Hydra, seen here; PALS not tried) does not end the other ranks when one exits non-zero.
 FAILED_GRACE = 30.0
 
 
