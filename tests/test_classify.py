@@ -76,6 +76,15 @@ def test_a_ranks_exception_is_found_under_every_launchers_label(label, rank):
     assert verdict.reason == (f"rank {rank}: " if rank else "") + "RuntimeError: rank 1 fails on purpose"
 
 
+@pytest.mark.parametrize("label", ["[rank 0] ", "[0] ", "0: ", "[1,0]<stderr>:"])
+def test_sprites_own_error_line_is_found_under_every_launchers_label(label):
+    """docs/long-runs.md: exit 2 or 1 with sprite's own error line is bad usage or a failed check, never relaunched,
+    whichever launcher labelled the rank's line."""
+    said = f"{label}sprite: error: No valid checkpoint to resume from in ckpts/. Fix it.\n"
+    assert classify.classify(1, said) == Verdict(CHECK_FAILED, "No valid checkpoint to resume from in ckpts/. Fix it.")
+    assert classify.classify(2, said).cause == USAGE
+
+
 @pytest.mark.parametrize("code, log, cause", [
     (134, "[rank 1] terminate called after throwing an instance of 'c10::Error'", APP_FAULT),
     (134, "sprite: rank 1 exited with code -6; stopping the other ranks.", APP_FAULT),

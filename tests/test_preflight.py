@@ -477,7 +477,7 @@ def test_nodes_the_preflight_leaves_out_come_out_of_the_spares(clean_env, tmp_pa
     hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
     nodes = [{"host": h, "ok": h not in bad, "failed": {"result": ["FAKE"]} if h in bad else {}} for h in hosts]
     fake = {"ok": False, "failed_hosts": bad, "nodes": nodes, "launch": {"seconds": 1.0}, "out": str(tmp_path)}
-    monkeypatch.setattr(runner, "preflight", lambda *args, **kwargs: fake)
+    monkeypatch.setattr(runner, "run_checked", lambda *args, **kwargs: fake)
     monkeypatch.setattr(report, "show", lambda *args: None)
     job, _ = assemble(flags, None, env)
     narrowed = preflight_cli.before_launch(run, plan, [], job)

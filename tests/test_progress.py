@@ -102,3 +102,30 @@ def test_leaving_keeps_the_time_of_the_last_progress(written, tmp_path, phase):
     assert (last.phase, last.step, last.time) == (phase, 5, stepped)
     heart.update(heartbeat.TRAINING, 6)  # a later step (a second fit in the same script) is progress again
     assert heart.beat.time > stepped
+
+
+def test_a_step_written_late_by_the_background_thread_never_lands_over_a_phase_change(tmp_path, monkeypatch):
+    """The background thread took step 2 and is slow to write it (a FAKE slow file system for that thread alone)
+    while the rank says it failed: the file must end as "failed", not be overwritten by the older step, or sprite
+    run would never see the failure (and an overwritten "done" turns a finished fit into a failed attempt)."""
+    import threading
+
+    real = heartbeat.write
+    slow = threading.Event()
+
+    def write(where, beat):
+        if threading.current_thread() is not threading.main_thread():
+            slow.set()
+            time.sleep(0.5)
+        real(where, beat)
+
+    monkeypatch.setattr(heartbeat, "write", write)
+    monkeypatch.setattr(progress, "_current", None)
+    heart = progress.Heart(tmp_path, rank=0, interval=0.05)
+    heart.update(heartbeat.TRAINING, 1)
+    heart.update(step=2)  # no phase change: the background thread writes it
+    assert slow.wait(5)
+    heart.update(heartbeat.FAILED)
+    time.sleep(1.0)
+    last = heartbeat.read_all(tmp_path)[0]
+    assert (last.phase, last.step) == (heartbeat.FAILED, 2)

@@ -171,3 +171,16 @@ def test_a_failed_rank_stops_the_launch_only_after_the_grace_with_or_without_a_s
         assert "rank 0 on h1 in training step at step 5; rank 1 on h1 failed at step 5" in line
         watch.observe({0: beat(0, 5, count=3), 1: beat(1, 5, heartbeat.FAILED, count=3)}, 40.0)
         assert watch.failed_at == 20.0  # the first report counts, not the latest
+
+
+def test_a_failed_rank_is_never_taken_for_a_stall_however_short_the_stall_timeout():
+    """With --stall-timeout under FAILED_GRACE, peers stuck beside a failed rank would pass the stall timeout
+    first; the failure, not a stall (exit 124, never relaunched), is the attempt's cause."""
+    from sprite.recovery.watchdog import FAILED_GRACE
+
+    watch = Watch(Limits.from_options(5), 2, started=0.0)
+    assert watch.observe({0: beat(0, 5), 1: beat(1, 5)}, 1.0) is None
+    failed = {0: beat(0, 5), 1: beat(1, 5, heartbeat.FAILED, count=2)}
+    assert watch.observe(failed, 2.0) is None
+    assert watch.observe(failed, 2.0 + FAILED_GRACE) is None  # far past the 5 s stall timeout: still no stall
+    assert watch.failure_overdue(failed, 3.0 + FAILED_GRACE).startswith("Stopped the launch: rank(s) 1 failed")

@@ -186,16 +186,13 @@ def check_out(out: pathlib.Path) -> None:
                          "./sprite-runs/preflight/.")
 
 
-def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, options: Options,
-              environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
-              fault_option: str = "--fault", staged: str | None = None) -> dict:
-    """Plans, launches and judges one preflight into ``out``; returns the report (saved as preflight.json).
-
-    Raises UsageError for a world that cannot be launched here, a bad fault, a used ``out``, a missing launcher or
-    a taken rendezvous port.
-    """
+def checked(out: pathlib.Path, base: dict, fault_values: list[str] | None, options: Options,
+            environ: Mapping[str, str] = os.environ, spec_file: str | None = None, fault_option: str = "--fault",
+            staged: str | None = None) -> tuple[LaunchPlan, PreflightSettings]:
+    """The preflight's launch plan and settings, every input checked and nothing made: ``sprite run --stage
+    --preflight`` calls it before it stages anything. Raises UsageError for a world that cannot be launched here, a
+    bad fault, a used ``out``, a missing launcher or a taken rendezvous port."""
     from sprite.launch.execute import check_ready
-    from sprite.parity.preflight import report
     from sprite.parity.preflight.settings import parse_faults
 
     check_out(out)
@@ -203,8 +200,29 @@ def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, opt
     faults = parse_faults(fault_values, launch_plan.world.hosts, fault_option)
     settings = settings_for(out, base, faults, options, environ, spec_file, launch_plan)
     check_ready(launch_plan)
+    return launch_plan, settings
+
+
+def run_checked(out: pathlib.Path, launch_plan: LaunchPlan, settings: PreflightSettings, options: Options) -> dict:
+    """Launches and judges a preflight ``checked`` planned; returns the report (saved as preflight.json). Raises
+    UsageError for a rendezvous port taken since."""
+    from sprite.launch.execute import check_ready
+    from sprite.parity.preflight import report
+
+    check_ready(launch_plan)
     prepare(out, settings, launch_plan)
     launched = launch(out, launch_plan, options.deadline, options.grace)
     result = judge(out, settings, launch_plan, launched)
     report.save(result, out)
     return result
+
+
+def preflight(out: pathlib.Path, base: dict, fault_values: list[str] | None, options: Options,
+              environ: Mapping[str, str] = os.environ, spec_file: str | None = None,
+              fault_option: str = "--fault", staged: str | None = None) -> dict:
+    """Plans, launches and judges one preflight into ``out``; returns the report (saved as preflight.json).
+
+    Raises UsageError as ``checked`` does.
+    """
+    launch_plan, settings = checked(out, base, fault_values, options, environ, spec_file, fault_option, staged)
+    return run_checked(out, launch_plan, settings, options)

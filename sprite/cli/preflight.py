@@ -111,10 +111,11 @@ def register(app: typer.Typer) -> None:
 
 # --- sprite run --preflight: the preflight before the first attempt, inside the run folder ---
 
-def hook_for(run, faults: Optional[List[str]]) -> Optional[Callable]:
-    """The step ``entry.run_all`` runs before the first launch when the job asks for a preflight (``--preflight``,
-    ``preflight: true`` in the spec or the site profile); None otherwise. Raises UsageError for ``--preflight-fault``
-    without a preflight."""
+def hook_for(run, faults: Optional[List[str]]):
+    """The preflight ``entry.run_all`` runs before the first launch when the job asks for one (``--preflight``,
+    ``preflight: true`` in the spec or the site profile): ``check(run, plan)`` checks its inputs before anything is
+    staged and returns the step that runs it (``before_launch``); None without a preflight. Raises UsageError for
+    ``--preflight-fault`` without a preflight."""
     from sprite.launch.plan import assemble
 
     job, _ = assemble(run.flags, run.spec_file, run.environ, run.allow_literal_secrets)
@@ -123,32 +124,61 @@ def hook_for(run, faults: Optional[List[str]]) -> Optional[Callable]:
             raise UsageError("--preflight-fault needs --preflight.", "A negative control is injected into the "
                              "preflight, which this run does not do.", "Add --preflight, or drop --preflight-fault.")
         return None
-    return lambda run_state, plan: before_launch(run_state, plan, list(faults or []), job)
+    return Preflight(list(faults or []), job)
 
 
-def _say(text: str) -> None:
-    print(f"sprite: {one_line(text, 1000)}", file=sys.stderr, flush=True)
+class Preflight:
+    """``sprite run --preflight``: checked before the staging, run on the staged copy after it."""
+
+    def __init__(self, faults: List[str], job) -> None:
+        self.faults, self.job = faults, job
+
+    def check(self, run, plan) -> Callable:
+        """Plan the preflight of ``plan``'s nodes and check its inputs (faults, output folder, launcher, port);
+        returns ``go()``, which runs it and returns the first attempt's plan or None (``before_launch``). Raises
+        UsageError, before anything is staged."""
+        from sprite.parity.preflight import runner
+
+        out, base, staged = _launch_of(run, plan, self.job)
+        launch_plan, settings = runner.checked(out, base, self.faults, runner.Options(), run.environ, run.spec_file,
+                                               "--preflight-fault", staged)
+        return lambda: before_launch(run, plan, self.faults, self.job, (launch_plan, settings))
 
 
-def before_launch(run, plan, faults: List[str], job):
-    """Preflight every node the run may use (the allocation less --exclude) into ``RUN/preflight``; record the
-    result in the audit. Returns the plan of the first attempt: unchanged when every node is healthy, without the
-    failed nodes when the allocation has room for the same world (as --spare-nodes allows), or None (exit 1)
-    when it has not. Raises UsageError as ``runner.preflight`` does."""
-    from rich.console import Console
-
-    from sprite.errors import SpriteError
-    from sprite.parity.preflight import report, runner
+def _launch_of(run, plan, job):
+    """(output folder, flags, staged folder) of the preflight of ``plan``: every node the run may use (the
+    allocation less --exclude), on the copy ``entry.run_all`` stages first under --stage."""
     from sprite.schedulers import allocation
 
     alloc = plan.world.alloc
     if job.exclude:
         alloc = allocation.exclude(alloc, job.exclude, job.origins.get("exclude", "--exclude"))
     nodes = str(len(alloc.hosts)) if plan.world.launcher != "local" else None
-    _say(f"preflight of {len(alloc.hosts) if nodes else 1} node(s) before the launch; records in {run.path}/preflight")
-    staged = plan.stage.dir if plan.stage is not None else None  # entry.run_all staged it first
-    result = runner.preflight(run.path / "preflight", {**run.flags, "nodes": nodes}, faults, runner.Options(),
-                              run.environ, run.spec_file, "--preflight-fault", staged)
+    staged = plan.stage.dir if plan.stage is not None else None
+    return run.path / "preflight", {**run.flags, "nodes": nodes}, staged
+
+
+def _say(text: str) -> None:
+    print(f"sprite: {one_line(text, 1000)}", file=sys.stderr, flush=True)
+
+
+def before_launch(run, plan, faults: List[str], job, prepared=None):
+    """Preflight every node the run may use (the allocation less --exclude) into ``RUN/preflight``; record the
+    result in the audit. ``prepared``: what ``Preflight.check`` planned (else planned here). Returns the plan of the
+    first attempt: unchanged when every node is healthy, without the failed nodes when the allocation has room for
+    the same world (as --spare-nodes allows), or None (exit 1) when it has not. Raises UsageError as
+    ``runner.preflight`` does."""
+    from rich.console import Console
+
+    from sprite.errors import SpriteError
+    from sprite.parity.preflight import report, runner
+
+    out, base, staged = _launch_of(run, plan, job)
+    _say(f"preflight of {base['nodes'] or 1} node(s) before the launch; records in {out}")
+    if prepared is None:
+        prepared = runner.checked(out, base, faults, runner.Options(), run.environ, run.spec_file,
+                                  "--preflight-fault", staged)
+    result = runner.run_checked(out, *prepared, runner.Options())
     report.show(result, Console(stderr=True))
     bad = result["failed_hosts"]
     fields = {"ok": result["ok"], "seconds": result["launch"]["seconds"], "report": f"{result['out']}/{report.REPORT}",

@@ -41,7 +41,7 @@ class Watcher:
         self._next = now + self.poll
         beats = heartbeat.read_all(self.where)
         self.stall = self.watch.observe(beats, now, self._output())
-        if not self.stall:
+        if not self.stall:  # none once a rank failed: then its error is the cause
             self.failure = self.watch.failure_overdue(beats, now)
             # Not "sprite: error:", which the classifier takes for a rank's own refusal: the failing rank's error,
             # already in the log, is the attempt's cause.

@@ -35,16 +35,19 @@ class Verdict:
 _FORWARDED = re.compile(r"sprite: received (SIG\w+); passing it to the launcher")
 _STALLED = re.compile(r"sprite: error: (Stopped the run: no rank advanced.*)$", re.M)
 _SUSPECTS = re.compile(r"suspect hosts: ([^)]*)\)")
-_SPRITE_ERROR = re.compile(r"^(?:\[rank \d+\] )?sprite: error: (.*)$", re.M)  # a rank's refusal (errors.report)
+
 _ALLOCATION_END = re.compile(r"DUE TO PREEMPTION|DUE TO TIME LIMIT|PBS: job killed: walltime \S+ exceeded limit")
 _OOM = re.compile(r"can't allocate memory|oom[-_]kill|CUDA out of memory|OutOfMemoryError|OUT_OF_DEVICE_MEMORY")
 _NODE_FAILURE = re.compile(r"Node failure on (?P<host>[\w.-]+)|ON (?P<on>[\w.-]+) CANCELLED AT \S+ DUE TO NODE "
                            r"FAILURE|NODE_FAIL|uncorrectable ECC|Xid \d+|DEVICE_LOST|GPU is lost|Bus error")
-# An exception line, after the label of the launcher (sprite.launch.rank_output.LABELS: the local supervisor's
-# "[rank N] ", Hydra's "[N] ", srun's and PALS's "N: ", Open MPI's "[job,N]<stderr>:") and torch's own "[rankN]: ".
-_EXCEPTION = re.compile(r"^(?:\[rank (?P<rank>\d+)\] |\[(?P<hydra>\d+)\] | *(?P<label>\d+): "
-                        r"|\[[^\],\s]+,(?P<ompi>\d+)\]<std\w+>: ?)?(?:\[rank\d+\]: )?"
+# The label a launcher puts before each line of a rank (sprite.launch.rank_output.LABELS): the local supervisor's
+# "[rank N] ", Hydra's "[N] ", srun's (and, taken to be the same, PALS's) "N: ", Open MPI's "[job,N]<stderr>:".
+_LABEL = (r"(?:\[rank (?P<rank>\d+)\] |\[(?P<hydra>\d+)\] | *(?P<label>\d+): "
+          r"|\[[^\],\s]+,(?P<ompi>\d+)\]<std\w+>: ?)?")
+# An exception line, after the launcher's label and torch's own "[rankN]: ".
+_EXCEPTION = re.compile(r"^" + _LABEL + r"(?:\[rank\d+\]: )?"
                         r"(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::.*)?)$", re.M)
+_SPRITE_ERROR = re.compile(r"^" + _LABEL + r"sprite: error: (?P<said>.*)$", re.M)  # a rank's refusal (errors.report)
 _LOST_PEER = re.compile(r"Connection (?:refused|reset by peer|closed by peer)|failed to connect|ncclRemoteError|"
                         r"ncclSystemError|Socket Timeout|remote process exited|DistNetworkError|DistBackendError")
 _LAUNCHER_ECHO = re.compile(r"ChildFailedError")  # torchrun's agent restating a rank's failure
@@ -96,7 +99,7 @@ def _sprite_verdict(code: int, log: str) -> Verdict | None:
         return Verdict(STALL, stalled.group(1)[:300], hosts)
     refused = _SPRITE_ERROR.search(log)
     if code in (1, 2) and refused:
-        return Verdict(USAGE if code == 2 else CHECK_FAILED, refused.group(1).strip()[:300])
+        return Verdict(USAGE if code == 2 else CHECK_FAILED, refused["said"].strip()[:300])
     return None
 
 

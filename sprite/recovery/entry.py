@@ -7,6 +7,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from typing import Mapping
 
 from sprite import contract, schedulers
@@ -93,7 +94,8 @@ def _launch_record(run: Run, plan: LaunchPlan) -> None:
 def _stage(run: Run, plan: LaunchPlan, base: dict):
     """Stage the environment on every node under ``--stage`` (recorded as "stage"; the preflight and every
     attempt run the copy); returns the StagePlan to remove at the end (every node it staged, whichever the
-    attempts use), or None without --stage. Raises SpriteError when staging fails (run.json says so)."""
+    attempts use), or None without --stage. Raises SpriteError when staging fails (run.json and the audit trail's
+    "stage" record say so)."""
     if plan.stage is None:
         return None
     from sprite.launch.stage import run as staging
@@ -101,10 +103,12 @@ def _stage(run: Run, plan: LaunchPlan, base: dict):
     try:
         staged = staging.stage(plan.stage)
     except BaseException as err:
-        rundir.write_summary(run.path, {**base, "status": "stage failed", "error": one_line(str(err), 500)})
+        said = one_line(str(err), 500)
+        run.record("stage", ok=False, dir=plan.stage.dir, hosts=len(plan.stage.hosts), error=said)
+        rundir.write_summary(run.path, {**base, "status": "stage failed", "error": said})
         staging.unstage(plan.stage)  # removes only folders this run made (their marker names its token)
         raise
-    run.record("stage", **staged)
+    run.record("stage", ok=True, **staged)
     print(f"sprite: staged {staged['bytes'] / 1e6:.0f} MB ({'cached archive' if staged['cached'] else 'packed'} "
           f"in {staged['pack_seconds']:.1f} s, on {staged['hosts']} node(s) in {staged['broadcast_seconds']:.1f} s)"
           f" to {staged['dir']}", file=sys.stderr, flush=True)
@@ -112,19 +116,18 @@ def _stage(run: Run, plan: LaunchPlan, base: dict):
 
 
 def _checked_attempts(run: Run, plan: LaunchPlan, base: dict, preflight) -> int | None:
-    """The preflight (when asked for), then every attempt; returns the exit code, or None when the preflight
-    stopped the run."""
+    """The preflight (``preflight()``, when asked for), then every attempt; returns the exit code, or None when
+    the preflight stopped the run."""
     if preflight is not None:  # --preflight (sprite.cli.preflight): may leave failed nodes out, or stop (exit 1)
-        plan = preflight(run, plan)
+        plan = preflight()
         if plan is None:
-            rundir.write_summary(run.path, {"run_dir": str(run.path), "status": "preflight failed"})
+            rundir.write_summary(run.path, {**base, "status": "preflight failed"})
             return None
     if plan.log_dir:  # after the run folder, which may hold it (--run-dir R --log-dir R/logs)
         ranklog.prepare(plan.log_dir)
     for note in plan.output_notes:  # where the ranks' output goes, once it can go there
         print(f"sprite: {note}", file=sys.stderr, flush=True)
     _launch_record(run, plan)
-    rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
     return run_attempts(run, plan)
 
 
@@ -140,14 +143,22 @@ def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
     rundir.create(run.path)
     base = {"run_dir": str(run.path), "pid": os.getpid(), "host": socket.gethostname(),
             "argv": masked_argv(sys.argv)}
+    # --preflight's inputs are checked before anything is staged; it runs on the staged copy.
+    try:
+        checked = preflight.check(run, plan) if preflight is not None else None
+    except UsageError as err:
+        rundir.write_summary(run.path, {**base, "status": "preflight refused", "error": one_line(str(err), 500)})
+        raise
+    rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})  # staging included
     staged = _stage(run, plan, base)
     try:
-        code = _checked_attempts(run, plan, base, preflight)
+        code = _checked_attempts(run, plan, base, checked)
     finally:
         if staged is not None:
             from sprite.launch.stage import run as staging
 
-            staging.unstage(staged)
+            # --keep-stage keeps the copies for a look after the run; when no attempt ran there is none to see.
+            staging.unstage(staged if run.attempts else replace(staged, keep=False))
     if code is None:
         return EXIT_CHECK_FAILED
     last = run.attempts[-1]

@@ -20,10 +20,11 @@ _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training 
                heartbeat.VALIDATION: "in validation", heartbeat.SAVE: "in checkpoint save",
                heartbeat.DONE: "done with the script", heartbeat.PREEMPTED: "stopped for preemption",
                heartbeat.FAILED: "failed"}
-# Seconds a launch may go on after one of its ranks said it failed (heartbeat.FAILED) before sprite stops it: the
-# failing rank leaves its process group within 10 s (runtime/finish.py) and then prints its error; peers blocked in
-# a collective with it would otherwise wait for their backend's timeout (30 min under Lightning), since mpiexec
-# (MPICH Hydra, seen here; PALS not tried) does not end the other ranks when one exits non-zero.
+# Seconds a launch may go on after sprite read that one of its ranks failed (heartbeat.FAILED) before it stops it:
+# the failing rank marks itself in the store, leaves a gloo group within 10 s (runtime/finish.py) and then prints
+# its error; peers blocked in a collective with it would otherwise wait for their backend's timeout (30 min under
+# Lightning), since mpiexec (MPICH Hydra, seen here; PALS not tried) does not end the other ranks when one exits
+# non-zero.
 FAILED_GRACE = 30.0
 
 
@@ -98,7 +99,7 @@ class Watch:
             self.progressed |= beat.past_first_step
             if beat.phase == heartbeat.FAILED and self.failed_at is None:
                 self.failed_at = now
-        if self.limits is None:
+        if self.limits is None or self.failed_at is not None:  # a failed rank's error is the cause, not a stall
             return None
         limit, allowance = self.limit_in_force(beats)
         idle = now - self._last_change
@@ -107,12 +108,14 @@ class Watch:
         return Stall(idle, limit, allowance, summarize(beats, self.world_size), suspects(beats, self.world_size))
 
     def failure_overdue(self, beats: dict[int, Beat], now: float) -> str | None:
-        """The line that stops the launch once a rank said it failed FAILED_GRACE seconds ago and the launch goes on;
-        None otherwise."""
+        """The line that stops the launch once sprite saw a rank's heartbeat say it failed FAILED_GRACE seconds ago
+        and the launch goes on; None otherwise. From then on ``observe`` reports no stall: the failure is the
+        attempt's cause, whatever the stall timeout."""
         if self.failed_at is None or now - self.failed_at <= FAILED_GRACE:
             return None
         failed = sorted(rank for rank, beat in beats.items() if beat.phase == heartbeat.FAILED)
-        return (f"Stopped the launch: rank(s) {ranges(failed)} failed {now - self.failed_at:.0f} s ago (the error is "
+        who = f"rank(s) {ranges(failed)}" if failed else "a rank"
+        return (f"Stopped the launch: {who} failed {now - self.failed_at:.0f} s ago (the error is "
                 f"in their output above or in their rank logs), and the launcher did not end the other ranks: "
                 f"{summarize(beats, self.world_size)}. The failing rank's error is the run's; fix it and relaunch, or "
                 "let --retries relaunch it.")

@@ -34,6 +34,9 @@ class Heart:
         self.where, self.interval = where, interval
         self.beat = Beat(rank, socket.gethostname(), os.getpid(), 0, heartbeat.START, 0, time.time())
         self._lock, self._dirty, self._warned = threading.Lock(), False, False
+        # Writes go out one at a time, in the order their beats were taken: a step the background thread took
+        # before a phase change must not land after it (a "done" or "failed" overwritten by "training step").
+        self._writing = threading.Lock()
         self._flush()
         threading.Thread(target=self._loop, name="sprite-heartbeat", daemon=True).start()
         atexit.register(self._last)
@@ -59,8 +62,12 @@ class Heart:
             self._flush()
 
     def _flush(self) -> None:
-        with self._lock:
-            beat, self._dirty = self.beat, False
+        with self._writing:
+            with self._lock:
+                beat, self._dirty = self.beat, False
+            self._write(beat)
+
+    def _write(self, beat: Beat) -> None:
         try:
             heartbeat.write(self.where, beat)
         except OSError as err:

@@ -109,13 +109,24 @@ def unpack(folder: str, token: str, archive: str, sha256: str, drop_archive: boo
             os.unlink(archive)
         _interpreter(folder, manifest)
     except BaseException as err:  # the others of this run sharing the folder must not wait WAIT_SECONDS for it
-        with open(os.path.join(folder, FAILED), "x", encoding="utf-8") as out:
-            json.dump({"host": socket.gethostname(), "error": f"{type(err).__name__}: {err}"[:500]}, out)
+        _mark_failed(folder, f"{type(err).__name__}: {err}"[:500])
         raise
     seconds = time.monotonic() - start
     with open(ready, "x", encoding="utf-8") as out:
         json.dump({"sha256": sha256, "seconds": round(seconds, 3), "bytes": size}, out)
     return f"unpacked {size / 1e6:.0f} MB in {seconds:.1f} s"
+
+
+def _mark_failed(folder: str, error: str) -> None:
+    """Leave the failure mark whole (written aside, then renamed in, as the marker is), or none where even that
+    fails (a full disk): the others then wait out WAIT_SECONDS, as before."""
+    aside = os.path.join(folder, f"{FAILED}.{os.getpid()}.part")
+    try:
+        with open(aside, "x", encoding="utf-8") as out:
+            json.dump({"host": socket.gethostname(), "error": error}, out)
+        os.rename(aside, os.path.join(folder, FAILED))
+    except OSError:
+        pass
 
 
 def _wait_ready(ready: str, start: float) -> str:
@@ -124,8 +135,11 @@ def _wait_ready(ready: str, start: float) -> str:
     failed = os.path.join(os.path.dirname(ready), FAILED)
     while not os.path.exists(ready):
         if os.path.exists(failed):
-            with open(failed, encoding="utf-8") as mark:
-                said = json.load(mark)
+            try:
+                with open(failed, encoding="utf-8") as mark:
+                    said = json.load(mark)
+            except (OSError, ValueError):
+                said = {}
             raise OSError(f"the process of this run that unpacked the shared folder on {said.get('host')} failed "
                           f"({said.get('error')})")
         if time.monotonic() - start > WAIT_SECONDS:
