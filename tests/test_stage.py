@@ -313,13 +313,28 @@ def test_keep_stage_leaves_the_copies_on_the_nodes(tmp_path, monkeypatch):
 
     (tmp_path / "t.py").write_text("print(1)\n")
     steps = []
-    monkeypatch.setattr(stagerun, "_step", lambda argv, what: steps.append(what) or "")
+    monkeypatch.setattr(stagerun, "_step", lambda argv, what, seconds=None: steps.append(what) or "")
     for keep, wanted in ((True, []), (None, ["remove the stage folders"])):
         steps.clear()
         plan = plan_run({"script": str(tmp_path / "t.py"), "stage": "/dev/shm/x", "keep_stage": keep}, _env({}))
         assert plan.stage.keep is bool(keep)
         stagerun.unstage(plan.stage)
         assert steps == wanted
+
+
+def test_a_stage_step_that_hangs_is_stopped_with_everything_it_started():
+    """A node that hangs must not hang the run: a stage step still running after its time is stopped, the
+    processes it started too (here a shell and a child of it), and staging fails in one line."""
+    import time
+
+    from sprite.launch.stage import run as stagerun
+
+    start = time.monotonic()
+    with pytest.raises(stagerun.StageFailed, match="still running after 1 s"):
+        stagerun._step(["sh", "-c", "sleep 31.7 & sleep 31.7"], "unpack", seconds=1.0)
+    assert time.monotonic() - start < 10
+    left = subprocess.run(["pgrep", "-f", "sleep 31.7"], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
 
 
 def test_copies_kept_for_after_the_run_are_removed_when_the_preflight_stopped_it(tmp_path, monkeypatch):
@@ -346,6 +361,50 @@ def test_copies_kept_for_after_the_run_are_removed_when_the_preflight_stopped_it
     assert entry.run_all(run, plan, preflight=Stops()) == 1
     assert removed == [False]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "preflight failed"
+
+
+def test_when_staging_fails_the_preflight_finds_the_node_unstaged_and_staging_goes_on_without_it(tmp_path,
+                                                                                                 monkeypatch):
+    """Staging comes before the preflight, so a node that is down fails the staging first: the preflight then runs
+    from the installed environment, as it did before staging came first, and staging is tried again on the nodes
+    it keeps; the attempts run on those. Three simulated PBS nodes; staging, the preflight and the attempts are
+    FAKES here (the real ones have tests of their own): this checks run_all's decisions."""
+    from sprite.launch.stage import run as stagerun
+    from sprite.recovery import entry
+
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("127.0.0.1\n127.0.0.2\n127.0.0.3\n")
+    env = _env({"PBS_JOBID": "77.sim", "PBS_NODEFILE": str(nodefile), "HYDRA_LAUNCHER": "fork"})
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    flags = {"script": str(script), "stage": str(tmp_path / "stage"), "accelerator": "cpu", "devices": "1",
+             "nodes": "2", "launcher": "mpiexec", "mpi": "hydra", "preflight": True}
+    run, plan = entry.prepare(flags, None, str(tmp_path / "run"), env)
+    staged, removed, preflighted, attempted = [], [], [], []
+
+    def stage(p):
+        staged.append(p.hosts)
+        if "127.0.0.2" in p.hosts:
+            raise stagerun.StageFailed("--stage: could not unpack (exit 1).", "127.0.0.2 is down.", "Fix it.")
+        return {"dir": p.dir, "hosts": len(p.hosts), "bytes": 1, "cached": True, "pack_seconds": 0.0,
+                "broadcast_seconds": 0.0}
+
+    class Preflight:
+        def check(self, run, plan):
+            preflighted.append(plan.stage)
+            return lambda: run.plan(1, {**run.flags, "exclude": ["127.0.0.2"]})
+
+    monkeypatch.setattr(stagerun, "stage", stage)
+    monkeypatch.setattr(stagerun, "unstage", lambda p: removed.append(p.hosts))
+    monkeypatch.setattr(entry, "_checked_attempts", lambda run, plan, base, checked: attempted.append(checked()))
+    entry.run_all(run, plan, preflight=Preflight())
+    every, kept = ("127.0.0.1", "127.0.0.2", "127.0.0.3"), ("127.0.0.1", "127.0.0.3")
+    assert staged == [every, kept]
+    assert preflighted[0] is not None and preflighted[1] is None  # checked on the copy first, then run unstaged
+    assert attempted[0].world.hosts == kept and attempted[0].stage.hosts == kept
+    assert removed == [every, kept]  # the failed staging's folders, then the copies the attempts used
+    records = [json.loads(line)["kind"] for line in (tmp_path / "run" / "audit.jsonl").read_text().splitlines()]
+    assert records == ["stage", "stage"]
 
 
 def test_a_bad_preflight_input_is_refused_before_anything_is_staged(sprite_cmd, tmp_path):

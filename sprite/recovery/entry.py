@@ -19,7 +19,7 @@ from sprite.launch import folders, ranklog
 from sprite.values.grammar import control_char
 from sprite.launch import plan as planning
 from sprite.launch.plan import LaunchPlan
-from sprite.errors import EXIT_CHECK_FAILED
+from sprite.errors import EXIT_CHECK_FAILED, EXIT_USAGE, SpriteError
 from sprite.recovery import requeue, summary
 from sprite.recovery.loop import run_attempts
 from sprite.recovery.session import Run, limits_of, said_never
@@ -115,6 +115,22 @@ def _stage(run: Run, plan: LaunchPlan, base: dict):
     return plan.stage
 
 
+def _preflight_unstaged(run: Run, plan: LaunchPlan, base: dict, preflight, failed: Exception):
+    """Staging failed on some node (down, hung, its disk full): as before staging came first, the preflight runs
+    from the installed environment to find it, and staging is tried again on the nodes it keeps. Returns (the
+    first attempt's plan, the StagePlan to remove at the end), or (None, None) when the preflight stopped the run.
+    Raises ``failed`` when the preflight found every node healthy, SpriteError when staging fails again."""
+    print("sprite: staging failed; the preflight runs from the installed environment to find a failing node, and "
+          "staging is tried again without it.", file=sys.stderr, flush=True)
+    unstaged = replace(plan, stage=None)
+    kept = preflight.check(run, unstaged)()
+    if kept is None:
+        return None, None
+    if kept is unstaged:  # every node passed: the staging failure is not a node's
+        raise failed
+    return kept, _stage(run, kept, base)
+
+
 def _checked_attempts(run: Run, plan: LaunchPlan, base: dict, preflight) -> int | None:
     """The preflight (``preflight()``, when asked for), then every attempt; returns the exit code, or None when
     the preflight stopped the run."""
@@ -150,7 +166,13 @@ def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
         rundir.write_summary(run.path, {**base, "status": "preflight refused", "error": one_line(str(err), 500)})
         raise
     rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})  # staging included
-    staged = _stage(run, plan, base)
+    try:
+        staged = _stage(run, plan, base)
+    except SpriteError as err:
+        if checked is None or err.exit_code == EXIT_USAGE:  # a folder not sprite's is no node's fault
+            raise
+        plan, staged = _preflight_unstaged(run, plan, base, preflight, err)
+        checked = lambda: plan  # noqa: E731 (the preflight has run: its plan, or None when it stopped the run)
     try:
         code = _checked_attempts(run, plan, base, checked)
     finally:

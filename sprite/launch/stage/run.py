@@ -67,7 +67,7 @@ def unstage(plan: StagePlan) -> None:
         steps.append(([plan.copper[1]], "stop Copper"))
     for argv, what in steps:
         try:
-            _step(argv, what)
+            _step(argv, what, REMOVE_SECONDS)
         except SpriteError as err:
             print(f"sprite: {err}", file=sys.stderr, flush=True)
 
@@ -99,18 +99,38 @@ def cached_archive(cache: str, env_source, files: list, fingerprint: str) -> tup
     return archive, sha, size, False
 
 
-def _step(argv: list[str], what: str) -> str:
-    """Run one stage step with this environment (PYTHONSAFEPATH: the node tool imports the installed sprite);
-    its output goes to stderr, and its standard output is returned too. Raises UsageError when a node refused
-    the folder (exit 2), StageFailed otherwise."""
+STEP_SECONDS = 1800.0  # a stage step still running after this is stopped: a node that hangs must not hang the run
+REMOVE_SECONDS = 300.0  # the same for removing the copies at the end (seconds on a healthy node)
+
+
+def _step(argv: list[str], what: str, seconds: float | None = None) -> str:
+    """Run one stage step with this environment (PYTHONSAFEPATH: the node tool imports the installed sprite), in
+    a session of its own, stopped with everything it started after ``seconds`` (STEP_SECONDS); its output goes to
+    stderr, and its standard output is returned too. Raises UsageError when a node refused the folder (exit 2),
+    StageFailed otherwise."""
+    from sprite.launch import procgroup
+
     search = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
     program = shutil.which(argv[0], path=search)
     if not program:
         raise StageFailed(f"--stage: {argv[0]} is not on PATH, so sprite cannot {what}.",
                           "The batch system's or the site's tool is not loaded here.",
                           "Load its module, or drop --stage.")
-    done = subprocess.run([program, *argv[1:]], env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.PIPE,
-                          stderr=sys.stderr, stdin=subprocess.DEVNULL, text=True, errors="replace")
+    limit = STEP_SECONDS if seconds is None else seconds
+    proc = subprocess.Popen([program, *argv[1:]], env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.PIPE,
+                            stderr=sys.stderr, stdin=subprocess.DEVNULL, text=True, errors="replace",
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        procgroup.stop_groups([proc])
+        raise StageFailed(f"--stage: could not {what}: the step was still running after {limit:.0f} s.",
+                          "A node did not answer (down or hung), or its file system stalled.",
+                          "Leave that node out (--exclude, or --preflight to find it) and launch again.") from None
+    finally:
+        if proc.poll() is None:
+            procgroup.stop_groups([proc])
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
     sys.stderr.write(done.stdout)
     sys.stderr.flush()
     if done.returncode == EXIT_USAGE:
