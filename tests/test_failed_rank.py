@@ -63,3 +63,21 @@ def test_a_rank_that_failed_ends_the_launch_its_launcher_leaves_running(sprite_c
     assert end["cause"] == "application fault", end  # the failing rank's error, not a stall or a node fault
     assert "RuntimeError: rank 1 fails at step 2 on purpose" in (run_dir / "attempt-1.log").read_text()
     assert took < SLEEP - 30 and took > FAILED_GRACE, took  # stopped after the grace, long before rank 0 woke
+
+
+def test_a_fit_lightning_stopped_on_sigterm_is_not_reported_finished(sprite_cmd, tmp_path):
+    """Lightning answers SIGTERM (a scheduler's time limit, scancel) by raising SIGTERMException, a SystemExit with
+    no code, from its loop: the rank would exit 0, and srun, which returns its ranks' codes, would make the cut-short
+    fit a success. The rank exits 143 (128 + SIGTERM) instead. The script raises it as Lightning's loop does."""
+    script = tmp_path / "stopped.py"
+    script.write_text("import lightning\nfrom lightning.pytorch.utilities.exceptions import SIGTERMException\n"
+                      "raise SIGTERMException()\n")
+    env = {k: v for k, v in os.environ.items() if k not in (*LEAK_GUARDED, *SCHEDULER_VARS)}
+    run_dir = tmp_path / "run"
+    done = subprocess.run([*sprite_cmd, "run", "--devices", "1", "--accelerator", "cpu", "--run-dir", str(run_dir),
+                           str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0, done.stderr[-3000:]
+    end = next(json.loads(line) for line in (run_dir / "audit.jsonl").read_text().splitlines()
+               if json.loads(line)["kind"] == "attempt_end")
+    assert end["exit_code"] == 143 and end["cause"] != "success", end
+    assert json.loads((run_dir / "run.json").read_text())["status"] != "succeeded"

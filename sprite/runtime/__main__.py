@@ -89,6 +89,18 @@ def _prepare_lightning(cfg, preempting: bool) -> None:
         fabric_wrap.install(cfg)
 
 
+SIGTERM_EXIT = 128 + 15  # what a process the signal ended reports to a shell: a launcher then says it failed
+
+
+def _stopped_by_sigterm(exit: SystemExit) -> bool:
+    """Whether ``exit`` is Lightning's ``SIGTERMException``: raised by its loops after a SIGTERM (a scheduler's time
+    limit, ``scancel``), with no exit code, so the rank would exit 0 and a launcher that returns its ranks' codes
+    (srun) would report the cut-short fit as finished. Lightning is looked up only where the script loaded it."""
+    exceptions = sys.modules.get("lightning.pytorch.utilities.exceptions")
+    found = getattr(exceptions, "SIGTERMException", None)
+    return found is not None and isinstance(exit, found)
+
+
 def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
     """Run the script as ``__main__``; once it has returned (or called ``sys.exit(0)``) in a launched world, wait
     for the background checkpoint work (durable.py), say so to the watchdog, end every rank together
@@ -109,6 +121,11 @@ def _run_script(script: str, launched: bool, joined=lambda: None) -> None:
         if preempt is not None and isinstance(exit, preempt.Preempted):
             durable.drain()
             raise SystemExit(preempt.exit_preempted(exit)) from None
+        if _stopped_by_sigterm(exit):  # Lightning's SystemExit without a code: the fit did not finish
+            if launched:
+                progress.fail()
+                finish.abandon()
+            raise SystemExit(SIGTERM_EXIT) from None
         if launched and exit.code in (None, 0):
             durable.settle()  # checkpoints on disk and superseded ones removed, while the process group lives
             progress.finish()
