@@ -535,8 +535,11 @@ def test_every_rank_takes_process_mode_only_where_every_rank_picked_it(tmp_path)
 def test_each_rank_writes_as_many_files_at_once_as_its_share_of_the_cores_allows(monkeypatch):
     """dcp_write.threads: the cores a rank is bound to, or its node's cores divided among its ranks, at most
     MAX_THREADS (sprite.integrity.digest.rank_cores, shared with the hashing)."""
+    from sprite.integrity import digest
+
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(digest, "cgroup_cpus", lambda: None)  # this machine's own cgroup has no say here
     for local, want in (("1", dcp_write.MAX_THREADS), ("8", 2), ("16", 1), ("32", 1)):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
         assert dcp_write.threads() == want, local
