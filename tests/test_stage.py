@@ -197,6 +197,56 @@ def test_the_archive_is_packed_once_per_fingerprint_and_a_stray_one_is_refused_u
         [Path(first[0]).name, Path(first[0]).name + ".json", stray.name])
 
 
+def test_the_fingerprint_follows_size_mtime_mode_and_link_target_but_not_a_folders_mtime(tmp_path):
+    """docs/staging.md: the cache key covers every entry's name, size, mtime in nanoseconds, mode and link
+    target; a folder's mtime is left out (its changes show in its files)."""
+    from sprite.launch.stage import source
+
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    module = root / "pkg" / "m.py"
+    module.write_text("x = 1\n")
+    (root / "pkg" / "link").symlink_to("m.py")
+    env = source.Source("venv", "3.11", (("env/lib", str(root)),))
+
+    def key() -> str:
+        return source.fingerprint(env, source.walk(env))
+
+    first = key()
+    os.utime(root / "pkg", ns=(1, 1))
+    assert key() == first  # a folder's mtime alone: the same archive
+    changes = [lambda: os.utime(module, ns=(5, 5)), lambda: module.write_text("x = 22\n"),
+               lambda: module.chmod(0o600), lambda: ((root / "pkg" / "link").unlink(),
+                                                     (root / "pkg" / "link").symlink_to("other.py"))]
+    seen = {first}
+    for change in changes:
+        change()
+        now = key()
+        assert now not in seen  # each change gives a new key
+        seen.add(now)
+
+
+def test_the_archive_cache_is_where_docs_staging_says(tmp_path):
+    """$SPRITE_STAGE_CACHE, else $XDG_CACHE_HOME/sprite/stage, else ~/.cache/sprite/stage."""
+    from sprite.launch.stage.plan import cache_dir
+
+    assert cache_dir({"SPRITE_STAGE_CACHE": "/lus/x", "XDG_CACHE_HOME": "/y", "HOME": "/h"}) == "/lus/x"
+    assert cache_dir({"XDG_CACHE_HOME": "/y", "HOME": "/h"}) == "/y/sprite/stage"
+    assert cache_dir({"HOME": "/h"}) == "/h/.cache/sprite/stage"
+
+
+def test_the_node_tool_makes_its_folder_for_this_user_alone(tmp_path, monkeypatch):
+    """docs/staging.md: the node tool makes the folder itself, mode 0700, whatever the umask."""
+    import stat
+
+    old = os.umask(0)
+    try:
+        assert node.claim(str(tmp_path / "stage"), "tok") is True
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(tmp_path / "stage").st_mode) == 0o700
+
+
 def test_the_node_tool_exits_2_for_a_folder_that_is_not_its_own(tmp_path):
     """The per-node tool (python -m sprite.launch.stage.node) refuses a folder it did not make with exit 2 (a
     symlink to one here: a real folder of this user without a marker is waited for first, 10 s)."""
