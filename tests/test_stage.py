@@ -226,6 +226,27 @@ def test_the_fingerprint_follows_size_mtime_mode_and_link_target_but_not_a_folde
         seen.add(now)
 
 
+@pytest.mark.parametrize("flavour, wanted", [
+    ("pals", ["mpiexec", "-n", "3", "--ppn", "1", "--hosts", "a,b,c", "--envall"]),
+    ("hydra", ["mpiexec", "-n", "3", "-ppn", "1", "-hosts", "a,b,c"]),
+    ("openmpi", ["mpirun", "-n", "3", "--map-by", "ppr:1:node", "--host", "a:1,b:1,c:1", "-x", "PATH", "-x",
+                 "PYTHONSAFEPATH"]),
+    ("srun", ["srun", "--nodes", "3", "--ntasks", "3", "--ntasks-per-node", "1", "--nodelist", "a,b,c",
+              "--kill-on-bad-exit=1", "--export=ALL"]),
+])
+def test_the_node_tool_runs_once_a_node_through_each_launcher(flavour, wanted):
+    """docs/staging.md: one process per node, through the job's own launcher (PALS's and Open MPI's forms are
+    read from their documentation, not run here); no scheduler: here, once."""
+    from types import SimpleNamespace
+
+    from sprite.launch.stage.plan import per_node
+
+    world = SimpleNamespace(flavour=flavour, alloc=SimpleNamespace(scheduler="pbs"))
+    assert list(per_node(world, ("a", "b", "c"), "/py", False)) == [*wanted, "/py", "-m", "sprite.launch.stage.node"]
+    here = SimpleNamespace(flavour="local", alloc=SimpleNamespace(scheduler="none"))
+    assert list(per_node(here, ("vm",), "/py", False)) == ["/py", "-m", "sprite.launch.stage.node"]
+
+
 def test_the_archive_cache_is_where_docs_staging_says(tmp_path):
     """$SPRITE_STAGE_CACHE, else $XDG_CACHE_HOME/sprite/stage, else ~/.cache/sprite/stage."""
     from sprite.launch.stage.plan import cache_dir
