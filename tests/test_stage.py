@@ -245,6 +245,22 @@ def test_the_node_tool_runs_once_a_node_through_each_launcher(flavour, wanted):
     assert list(per_node(world, ("a", "b", "c"), "/py", False)) == [*wanted, "/py", "-m", "sprite.launch.stage.node"]
     here = SimpleNamespace(flavour="local", alloc=SimpleNamespace(scheduler="none"))
     assert list(per_node(here, ("vm",), "/py", False)) == ["/py", "-m", "sprite.launch.stage.node"]
+    in_a_job = SimpleNamespace(flavour="local", alloc=SimpleNamespace(scheduler="pbs"))  # --launcher local in a job
+    assert list(per_node(in_a_job, ("vm",), "/py", False)) == ["/py", "-m", "sprite.launch.stage.node"]
+
+
+def test_the_local_launcher_inside_a_batch_job_stages_on_its_own_machine(tmp_path):
+    """--launcher local inside a PBS job (one node) stages here, as without a scheduler; it was refused with
+    torchrun's message."""
+    from sprite.launch.plan import plan_run
+
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("127.0.0.1\n")
+    (tmp_path / "t.py").write_text("print(1)\n")
+    env = _env({"PBS_JOBID": "9.sim", "PBS_NODEFILE": str(nodefile)})
+    plan = plan_run({"script": str(tmp_path / "t.py"), "stage": "/dev/shm/x", "launcher": "local",
+                     "accelerator": "cpu", "devices": "1"}, env)
+    assert plan.stage.broadcast == "local" and plan.stage.per_node[1:] == ("-m", "sprite.launch.stage.node")
 
 
 def test_the_archive_cache_is_where_docs_staging_says(tmp_path):

@@ -79,7 +79,7 @@ def per_node(world, hosts: tuple[str, ...], python: str, is_root: bool) -> tuple
     """argv that starts the node tool once on each of ``hosts`` with the job's own launcher (none: here)."""
     tool = (python, *TOOL)
     n, names = str(len(hosts)), ",".join(hosts)
-    if world.alloc.scheduler == "none":
+    if world.alloc.scheduler == "none" or world.flavour == "local":  # the local launcher: this machine alone
         return tool
     if world.flavour == "srun":
         return ("srun", "--nodes", n, "--ntasks", n, "--ntasks-per-node", "1", "--nodelist", names,
@@ -111,7 +111,7 @@ def build(spec, site, world, python: str, environ: Mapping[str, str], run_env: M
         alloc = allocmod.exclude(alloc, spec.exclude, spec.origins.get("exclude", "--exclude"))
     # Every usable host, spare ones too (a retry may move onto them); sbcast writes to every node of the job.
     hosts = world.alloc.hosts if world.flavour == "srun" else alloc.hosts
-    if alloc.scheduler == "none":
+    if alloc.scheduler == "none" or world.flavour == "local":
         broadcast, hosts = "local", world.hosts
     elif world.flavour == "srun":
         broadcast = "sbcast"
