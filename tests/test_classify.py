@@ -76,6 +76,14 @@ def test_a_ranks_exception_is_found_under_every_launchers_label(label, rank):
     assert verdict.reason == (f"rank {rank}: " if rank else "") + "RuntimeError: rank 1 fails on purpose"
 
 
+def test_a_ranks_echo_of_a_vanished_peer_is_not_sprites_refusal():
+    """A background save's outcome on rank 0 after rank 1 died echoes the lost connection as sprite's error line;
+    rank 1's own failure is the cause (an application fault, relaunched past the first step), not a failed check."""
+    log = ("[1] [rank1]: ValueError: boom at step 7\n"
+           "[0] sprite: error: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:41.\n")
+    assert classify.classify(1, log) == Verdict(APP_FAULT, "rank 1: ValueError: boom at step 7")
+
+
 @pytest.mark.parametrize("label", ["[rank 0] ", "[0] ", "0: ", "[1,0]<stderr>:"])
 def test_sprites_own_error_line_is_found_under_every_launchers_label(label):
     """docs/long-runs.md: exit 2 or 1 with sprite's own error line is bad usage or a failed check, never relaunched,

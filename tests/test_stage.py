@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -424,6 +425,26 @@ def test_a_stage_step_that_hangs_is_stopped_with_everything_it_started():
     assert left.stdout == "", left.stdout
 
 
+def test_a_sigterm_to_sprite_while_a_stage_step_runs_ends_the_step_too():
+    """The step runs in a session of its own (so a hung one can be stopped whole): a SIGTERM that ends sprite
+    stops the step and what it started first, then ends sprite as the signal does."""
+    import signal
+    import time
+
+    code = ("from sprite.launch.stage import run\n"
+            "pause = 'sleep 43.' + '9'  # so that this command line does not match pgrep's pattern\n"
+            "run._step(['sh', '-c', f'{pause} & {pause}'], 'unpack')\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=_env({}), stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-f", "sleep 43.9"], capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline and proc.poll() is None, "the step never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", "sleep 43.9"], capture_output=True, text=True).stdout == ""
+
+
 def test_copies_kept_for_after_the_run_are_removed_when_the_preflight_stopped_it(tmp_path, monkeypatch):
     """--keep-stage keeps the copies for a look after the run; a run the preflight stopped ran no attempt, so its
     copies are removed (a kept folder is never reused: a later run refuses a folder that is not its own). Staging
@@ -448,6 +469,21 @@ def test_copies_kept_for_after_the_run_are_removed_when_the_preflight_stopped_it
     assert entry.run_all(run, plan, preflight=Stops()) == 1
     assert removed == [False]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "preflight failed"
+
+    class Raises:  # the rendezvous port was taken between the check and the preflight's launch
+        def check(self, run, plan):
+            def go():
+                raise UsageError("The rendezvous port 29500 on vm is already in use.", "", "")
+            return go
+
+    from sprite.errors import UsageError
+
+    removed.clear()
+    run, plan = entry.prepare(flags, None, str(tmp_path / "run2"), _env({}))
+    with pytest.raises(UsageError):
+        entry.run_all(run, plan, preflight=Raises())
+    said = json.loads((tmp_path / "run2" / "run.json").read_text())
+    assert said["status"] == "preflight failed" and "29500" in said["error"] and removed == [False]
 
 
 def test_when_staging_fails_the_preflight_finds_the_node_unstaged_and_staging_goes_on_without_it(tmp_path,
@@ -492,6 +528,17 @@ def test_when_staging_fails_the_preflight_finds_the_node_unstaged_and_staging_go
     assert removed == [every, kept]  # the failed staging's folders, then the copies the attempts used
     records = [json.loads(line)["kind"] for line in (tmp_path / "run" / "audit.jsonl").read_text().splitlines()]
     assert records == ["stage", "stage"]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "running"  # not "stage failed"
+
+    # Under srun, sbcast writes to every node of the job: staging again without a node cannot help, so the
+    # failure stands at once (no preflight run for nothing), and --keep-stage keeps nothing, no attempt having run.
+    staged.clear(), removed.clear(), preflighted.clear()
+    run, plan = entry.prepare({**flags, "keep_stage": True}, None, str(tmp_path / "run2"), env)
+    plan = replace(plan, stage=replace(plan.stage, broadcast="sbcast"))
+    monkeypatch.setattr(stagerun, "unstage", lambda p: removed.append(p.keep))
+    with pytest.raises(stagerun.StageFailed):
+        entry.run_all(run, plan, preflight=Preflight())
+    assert len(preflighted) == 1 and removed == [False]
 
 
 def test_a_bad_preflight_input_is_refused_before_anything_is_staged(sprite_cmd, tmp_path):

@@ -97,7 +97,9 @@ def _sprite_verdict(code: int, log: str) -> Verdict | None:
         suspects = _SUSPECTS.search(stalled.group(1))
         hosts = tuple(h for h in suspects.group(1).split(",") if h) if suspects else ()
         return Verdict(STALL, stalled.group(1)[:300], hosts)
-    refused = _SPRITE_ERROR.search(log)
+    # A rank's echo of a peer that vanished ("sprite: error: ... Connection closed by peer", from a background
+    # save's outcome) is not sprite's refusal: the peer's own failure, found further on, is the cause.
+    refused = next((m for m in _SPRITE_ERROR.finditer(log) if not _LOST_PEER.search(m["said"])), None)
     if code in (1, 2) and refused:
         return Verdict(USAGE if code == 2 else CHECK_FAILED, refused["said"].strip()[:300])
     return None

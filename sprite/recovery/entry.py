@@ -106,7 +106,9 @@ def _stage(run: Run, plan: LaunchPlan, base: dict):
         said = one_line(str(err), 500)
         run.record("stage", ok=False, dir=plan.stage.dir, hosts=len(plan.stage.hosts), error=said)
         rundir.write_summary(run.path, {**base, "status": "stage failed", "error": said})
-        staging.unstage(plan.stage)  # removes only folders this run made (their marker names its token)
+        # Removes only folders this run made (their marker names its token); --keep-stage keeps copies for a look
+        # after an attempt, and none ran.
+        staging.unstage(replace(plan.stage, keep=False))
         raise
     run.record("stage", ok=True, **staged)
     print(f"sprite: staged {staged['bytes'] / 1e6:.0f} MB ({'cached archive' if staged['cached'] else 'packed'} "
@@ -135,7 +137,11 @@ def _checked_attempts(run: Run, plan: LaunchPlan, base: dict, preflight) -> int 
     """The preflight (``preflight()``, when asked for), then every attempt; returns the exit code, or None when
     the preflight stopped the run."""
     if preflight is not None:  # --preflight (sprite.cli.preflight): may leave failed nodes out, or stop (exit 1)
-        plan = preflight()
+        try:
+            plan = preflight()
+        except BaseException as err:  # a port taken since the check, a Ctrl-C: run.json must not say running
+            rundir.write_summary(run.path, {**base, "status": "preflight failed", "error": one_line(str(err), 500)})
+            raise
         if plan is None:
             rundir.write_summary(run.path, {**base, "status": "preflight failed"})
             return None
@@ -169,9 +175,12 @@ def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
     try:
         staged = _stage(run, plan, base)
     except SpriteError as err:
-        if checked is None or err.exit_code == EXIT_USAGE:  # a folder not sprite's is no node's fault
+        # A folder not sprite's is no node's fault; under srun sbcast writes to every node of the job, so staging
+        # again without a node cannot help.
+        if checked is None or err.exit_code == EXIT_USAGE or plan.stage.broadcast == "sbcast":
             raise
         plan, staged = _preflight_unstaged(run, plan, base, preflight, err)
+        rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})
         checked = lambda: plan  # noqa: E731 (the preflight has run: its plan, or None when it stopped the run)
     try:
         code = _checked_attempts(run, plan, base, checked)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -103,6 +104,30 @@ STEP_SECONDS = 1800.0  # a stage step still running after this is stopped: a nod
 REMOVE_SECONDS = 300.0  # the same for removing the copies at the end (seconds on a healthy node)
 
 
+class _Signalled(BaseException):
+    """A SIGTERM or SIGHUP arrived while a stage step ran."""
+
+
+def _raise_on(signals: tuple, caught: list) -> dict:
+    """Make each of ``signals`` raise _Signalled (noting it in ``caught``) where the default would end the process;
+    returns the handlers to put back. Nothing changes outside the main thread or where the signal is handled
+    already (sprite run's own forwarding)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(sig, _frame):
+        caught.append(sig)
+        raise _Signalled(sig)
+
+    previous = {}
+    for sig in signals:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, stop)
+    return previous
+
+
 def _step(argv: list[str], what: str, seconds: float | None = None) -> str:
     """Run one stage step with this environment (PYTHONSAFEPATH: the node tool imports the installed sprite), in
     a session of its own, stopped with everything it started after ``seconds`` (STEP_SECONDS); its output goes to
@@ -120,6 +145,10 @@ def _step(argv: list[str], what: str, seconds: float | None = None) -> str:
     proc = subprocess.Popen([program, *argv[1:]], env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.PIPE,
                             stderr=sys.stderr, stdin=subprocess.DEVNULL, text=True, errors="replace",
                             start_new_session=True)
+    # In a session of its own the step no longer shares sprite's fate: a SIGTERM or SIGHUP that ends sprite ends
+    # the step first (the handlers raise here, the finally below stops it, then sprite dies of the signal).
+    caught: list[int] = []
+    previous = _raise_on((signal.SIGTERM, signal.SIGHUP), caught)
     try:
         out, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -130,6 +159,10 @@ def _step(argv: list[str], what: str, seconds: float | None = None) -> str:
     finally:
         if proc.poll() is None:
             procgroup.stop_groups([proc])
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            os.kill(os.getpid(), caught[0])  # the signal's own effect, now that the step is stopped
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
     sys.stderr.write(done.stdout)
     sys.stderr.flush()
