@@ -480,7 +480,7 @@ def test_nodes_the_preflight_leaves_out_come_out_of_the_spares(clean_env, tmp_pa
     monkeypatch.setattr(runner, "run_checked", lambda *args, **kwargs: fake)
     monkeypatch.setattr(report, "show", lambda *args: None)
     job, _ = assemble(flags, None, env)
-    narrowed = preflight_cli.before_launch(run, plan, [], job)
+    narrowed = preflight_cli.Preflight([], job).check(run, plan)()
     record = next(r for r in _audit(run.path) if r["kind"] == "preflight")
     assert record["decision"].startswith(decision), record
     if decision == "stop":

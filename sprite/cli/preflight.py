@@ -142,7 +142,7 @@ class Preflight:
         out, base, staged = _launch_of(run, plan, self.job)
         launch_plan, settings = runner.checked(out, base, self.faults, runner.Options(), run.environ, run.spec_file,
                                                "--preflight-fault", staged)
-        return lambda: before_launch(run, plan, self.faults, self.job, (launch_plan, settings))
+        return lambda: before_launch(run, plan, self.job, (launch_plan, settings))
 
 
 def _launch_of(run, plan, job):
@@ -162,22 +162,19 @@ def _say(text: str) -> None:
     print(f"sprite: {one_line(text, 1000)}", file=sys.stderr, flush=True)
 
 
-def before_launch(run, plan, faults: List[str], job, prepared=None):
-    """Preflight every node the run may use (the allocation less --exclude) into ``RUN/preflight``; record the
-    result in the audit. ``prepared``: what ``Preflight.check`` planned (else planned here). Returns the plan of the
-    first attempt: unchanged when every node is healthy, without the failed nodes when the allocation has room for
-    the same world (as --spare-nodes allows), or None (exit 1) when it has not. Raises UsageError as
-    ``runner.preflight`` does."""
+def before_launch(run, plan, job, prepared):
+    """Run the preflight ``Preflight.check`` planned (``prepared``: its launch plan and settings) on every node the
+    run may use (the allocation less --exclude), into ``RUN/preflight``; record the result in the audit. Returns the
+    plan of the first attempt: unchanged when every node is healthy, without the failed nodes when the allocation
+    has room for the same world (as --spare-nodes allows), or None (exit 1) when it has not. Raises UsageError for
+    a rendezvous port taken since the check."""
     from rich.console import Console
 
     from sprite.errors import SpriteError
     from sprite.parity.preflight import report, runner
 
-    out, base, staged = _launch_of(run, plan, job)
+    out, base, _ = _launch_of(run, plan, job)
     _say(f"preflight of {base['nodes'] or 1} node(s) before the launch; records in {out}")
-    if prepared is None:
-        prepared = runner.checked(out, base, faults, runner.Options(), run.environ, run.spec_file,
-                                  "--preflight-fault", staged)
     result = runner.run_checked(out, *prepared, runner.Options())
     report.show(result, Console(stderr=True))
     bad = result["failed_hosts"]
