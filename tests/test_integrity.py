@@ -231,6 +231,14 @@ def test_hashing_threads_share_the_nodes_cores_and_leave_the_training_loop_some_
     assert digest.workers() == digest.MAX_WORKERS
 
 
+def _cores(monkeypatch, cgroup: int | None) -> int:
+    """rank_cores where this process's cgroup holds ``cgroup`` CPUs (None: none to read)."""
+    from sprite.integrity import digest
+
+    monkeypatch.setattr(digest, "cgroup_cpus", lambda: cgroup)
+    return digest.rank_cores()
+
+
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_ranks_confined_together_to_a_cgroups_cores_share_them(tmp_path, monkeypatch, version):
     """A batch job's cgroup may confine all of a node's ranks to 16 of its 208 cores without binding each rank:
@@ -255,12 +263,12 @@ def test_ranks_confined_together_to_a_cgroups_cores_share_them(tmp_path, monkeyp
     monkeypatch.setattr(os, "cpu_count", lambda: 208)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)) | set(range(104, 112)))
-    assert digest.rank_cores(cgroup_cores=16) == 4  # the job's 16 cores shared by its node's 4 ranks
-    assert digest.rank_cores(cgroup_cores=None) == 16  # no cgroup to read: taken as bound, as before
+    assert _cores(monkeypatch, 16) == 4  # the job's 16 cores shared by its node's 4 ranks
+    assert _cores(monkeypatch, None) == 16  # no cgroup to read: taken as bound, as before
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
-    assert digest.rank_cores(cgroup_cores=16) == 4  # bound to 4 of the job's 16: keeps them
+    assert _cores(monkeypatch, 16) == 4  # bound to 4 of the job's 16: keeps them
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))
-    assert digest.rank_cores(cgroup_cores=16) == 2
+    assert _cores(monkeypatch, 16) == 2
 
 
 def test_the_sizes_and_thread_counts_docs_checkpoints_gives_are_the_codes():

@@ -26,20 +26,18 @@ SPARE = 2
 _READ = 4 << 20  # bytes per read inside a piece (bounded memory per thread)
 
 
-def rank_cores(env=os.environ, cgroup_cores=None) -> int:
+def rank_cores(env=os.environ) -> int:
     """The cores this process may run on (its affinity), at least 1. Where that is every core of the machine, or
     every core of its cgroup's cpuset (a batch job confined to part of the node, whose ranks all share those
     cores), the ranks were not bound to cores of their own, and this rank takes its share: the cores divided among
     its node's ranks (``LOCAL_WORLD_SIZE``, which every rank sprite launches has; 1 outside a rank). A rank bound to
-    fewer cores than that (``mpiexec --cpu-bind``, ``srun --cpu-bind``) keeps them all. ``cgroup_cores`` stands in
-    for :func:`cgroup_cpus` in tests."""
+    fewer cores than that (``mpiexec --cpu-bind``, ``srun --cpu-bind``) keeps them all."""
     machine = os.cpu_count() or 1
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = machine
-    confined = cgroup_cpus() if cgroup_cores is None else cgroup_cores
-    if cores < machine and cores != confined:
+    if cores < machine and cores != cgroup_cpus():
         return max(1, cores)
     return max(1, cores // local_ranks(env))
 
