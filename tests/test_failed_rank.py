@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LEAK_GUARDED, SCHEDULER_VARS
+from conftest import LEAK_GUARDED, SCHEDULER_VARS, sprite_free_env
 
 pytestmark = pytest.mark.slow
 SLEEP = 150  # rank 0's step 2: much longer than the grace, so only sprite's stop ends the attempt in time
@@ -40,13 +40,18 @@ L.Trainer(max_steps=4, logger=False, enable_checkpointing=False, enable_progress
 ''' % SLEEP
 
 
+def _env() -> dict:
+    """No launcher or scheduler variables of this machine; MPICH's mpiexec (the venv's) first on PATH."""
+    env = sprite_free_env((*LEAK_GUARDED, *SCHEDULER_VARS))
+    return {**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])}
+
+
 def test_a_rank_that_failed_ends_the_launch_its_launcher_leaves_running(sprite_cmd, tmp_path):
     from sprite.recovery.watchdog import FAILED_GRACE
 
     script = tmp_path / "fail_fit.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in (*LEAK_GUARDED, *SCHEDULER_VARS)}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # MPICH's mpiexec
+    env = _env()
     run_dir = tmp_path / "run"
     start = time.monotonic()
     done = subprocess.run([*sprite_cmd, "run", "--devices", "2", "--accelerator", "cpu", "--launcher", "mpiexec",
@@ -72,7 +77,7 @@ def test_a_fit_lightning_stopped_on_sigterm_is_not_reported_finished(sprite_cmd,
     script = tmp_path / "stopped.py"
     script.write_text("import lightning\nfrom lightning.pytorch.utilities.exceptions import SIGTERMException\n"
                       "raise SIGTERMException()\n")
-    env = {k: v for k, v in os.environ.items() if k not in (*LEAK_GUARDED, *SCHEDULER_VARS)}
+    env = _env()
     run_dir = tmp_path / "run"
     done = subprocess.run([*sprite_cmd, "run", "--devices", "1", "--accelerator", "cpu", "--run-dir", str(run_dir),
                            str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)

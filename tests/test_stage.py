@@ -552,7 +552,8 @@ def test_a_bad_preflight_input_is_refused_before_anything_is_staged(sprite_cmd, 
                            "n9:hang", str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120,
                           env=_env({"SPRITE_STAGE_CACHE": str(cache), "TMPDIR": str(tmp_path)}))
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "n9" in done.stderr and "staged" not in done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("sprite: error: --preflight-fault 'n9:hang'")
+    assert "staged" not in done.stderr
     assert not cache.exists() and not list(tmp_path.glob("sprite-stage-*"))
     summary = json.loads((tmp_path / "run" / "run.json").read_text())
     assert summary["status"] == "preflight refused" and "n9" in summary["error"]
