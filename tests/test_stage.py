@@ -647,8 +647,9 @@ def test_stage_then_preflight_the_copy_on_three_simulated_hydra_nodes_reusing_th
     # All three "nodes" ran the node tool: one unpacked, the others found this run's copy on the shared ramdisk.
     assert done.stderr.count("unpacked") == 3, done.stderr[-3000:]
     # ... and all three are asked to remove it, the node left out too (node_local fails the test if it stays).
-    removals = (": removed\n", ": nothing to remove\n", ": removed by another process")
-    assert sum(done.stderr.count(said) for said in removals) == 3, done.stderr[-3000:]
+    # The three nodes' tools print at once, so their lines may run together (seen in CI): count the words alone.
+    # ": removed" also counts "removed by another process of this run".
+    assert done.stderr.count(": removed") + done.stderr.count(": nothing to remove") == 3, done.stderr[-3000:]
     if first_archives:  # the Slurm test ran first in this session: this launch packed nothing
         assert record["cached"] is True and sorted(stage_cache.glob("*.tar")) == first_archives
 
