@@ -365,8 +365,10 @@ for _ in range(100):  # the group's last completed number can lag behind wait() 
 print(json.dumps(recorder.summary()))
 recorder.RECORDER = (recorder.RECORDER[0], "_no_such_dump")
 print(json.dumps(recorder.summary()))
-dist.get_backend = lambda *args: "xccl"
+real_backend, dist.get_backend = dist.get_backend, lambda *args: "xccl"
 print(json.dumps(recorder.summary()))
+dist.get_backend = real_backend
+dist.destroy_process_group()  # a gloo group alive at exit can abort the interpreter (pytorch#65231, finish.py)
 """
 
 
