@@ -62,6 +62,14 @@ def test_slurm_plan_uses_srun_and_allocation_tasks(slurm_env, example_script):
     assert plan.env["MASTER_ADDR"] == "nid001"
     assert plan.env["MASTER_PORT"] == str(rendezvous.port_from_job_id("4242"))
     assert plan.env["WORLD_SIZE"] == "8"
+    # A relaunch takes a port of its own: a process of the attempt before may still hold the first one.
+    again = plan_run({"script": example_script, "site": "perlmutter", "strategy": "ddp"}, slurm_env,
+                     run_env={"SPRITE_ATTEMPT": "2"})
+    assert again.env["MASTER_PORT"] != plan.env["MASTER_PORT"]
+    assert again.env["MASTER_PORT"] == str(rendezvous.port_from_job_id("4242/attempt-2"))
+    first = plan_run({"script": example_script, "site": "perlmutter", "strategy": "ddp"}, slurm_env,
+                     run_env={"SPRITE_ATTEMPT": "1"})
+    assert first.env["MASTER_PORT"] == plan.env["MASTER_PORT"]
 
 
 def test_slurm_multi_group_nodelist_keeps_order(clean_env, example_script):

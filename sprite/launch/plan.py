@@ -98,7 +98,8 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
     with their values in ``ctx.environ``), rendezvous and the contract. Raises UsageError for an unset secret."""
     local = world.launcher == "local" or (world.alloc.scheduler == "none" and world.nodes == 1)
     addr = "127.0.0.1" if local else rendezvous.master_addr(world.hosts, site.rendezvous_domain)
-    port = rendezvous.master_port(world.alloc.job_id, spec.master_port, ctx.pick_free_port)
+    port = rendezvous.master_port(world.alloc.job_id, spec.master_port, ctx.pick_free_port,
+                                  ctx.run_env.get(contract.ATTEMPT, ""))
     given = secret_env.resolve(spec, ctx.environ)  # the site's and the spec's env, --env among them
     env = dict(given)
     env.update({

@@ -66,12 +66,15 @@ def master_addr(hosts: tuple[str, ...], domain: str | None = None) -> str:
     return f"{hosts[0].split('.')[0]}.{domain}" if domain else hosts[0]
 
 
-def master_port(job_id: str, explicit: int | None, pick_free: Callable[[], int] = free_port) -> int:
-    """The rendezvous port: ``explicit``, else derived from ``job_id``, else a free port."""
+def master_port(job_id: str, explicit: int | None, pick_free: Callable[[], int] = free_port,
+                attempt: str = "") -> int:
+    """The rendezvous port: ``explicit``, else derived from ``job_id`` (and, from the second attempt of a run on,
+    its number: a process of the attempt before may still hold that attempt's port, as one did in a loaded CI run
+    under srun, EADDRINUSE), else a free port."""
     if explicit:
         return explicit
     if job_id:
-        return port_from_job_id(job_id)
+        return port_from_job_id(job_id if attempt in ("", "1") else f"{job_id}/attempt-{attempt}")
     return pick_free()
 
 
