@@ -130,6 +130,31 @@ def test_an_attempt_whose_ranks_stopped_for_preemption_is_a_preemption_whatever_
     assert code == 137 and verdict.cause != PREEMPTION
 
 
+def test_a_rank_that_failed_while_the_others_stopped_for_preemption_fails_the_attempt(script, tmp_path, capsys):
+    # srun returns the highest code of its tasks: rank 1's exit 1 (its preemption save found the disk full)
+    # hides behind rank 0's 75. Its failed heartbeat makes the attempt a failure, not a preemption to requeue.
+    launch = plan.plan_run({"script": script, "devices": "2"}, environ={})
+    log = tmp_path / "attempt-1.log"
+    log.write_text("sprite: received SIGUSR1; passing it to the launcher\n"
+                   "1: sprite: error: the checkpoint's files could not be written: [Errno 28] No space left on "
+                   "device\n"
+                   "1: sprite: error: A checkpoint saved in the background failed: [Errno 28] No space left.\n"
+                   "srun: error: nid001: task 1: Exited with exit code 1\n")
+    beats = {0: _beat(0, heartbeat.PREEMPTED), 1: _beat(1, heartbeat.FAILED)}
+    code, verdict = attempt._verdict(EXIT_PREEMPTED, log, launch, beats)
+    assert (code, verdict.cause) == (1, classify.CHECK_FAILED)
+    assert verdict.reason.startswith("rank 1 failed while the others stopped for preemption: the checkpoint's")
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("sprite: error: The launcher exited 75 (preemption), but rank 1 failed") and "\n" not in said
+    assert not requeue.wanted(True, {"cause": verdict.cause, "exit_code": code})
+    log.write_text("[1] Traceback (most recent call last):\n[1] ValueError: bad shape\n")
+    code, verdict = attempt._verdict(EXIT_PREEMPTED, log, launch, {**beats, 0: _beat(0, heartbeat.FAILED)})
+    assert (code, verdict.cause) == (1, classify.APP_FAULT)
+    assert verdict.reason == "ranks 0,1 failed while the others stopped for preemption: rank 1: ValueError: bad shape"
+    code, verdict = attempt._verdict(EXIT_PREEMPTED, log, launch, {r: _beat(r, heartbeat.PREEMPTED) for r in (0, 1)})
+    assert (code, verdict.cause) == (EXIT_PREEMPTED, PREEMPTION)
+
+
 def test_requeue_commands_of_each_scheduler(tmp_path):
     where = lambda name: f"/bin/{name}"  # noqa: E731
     assert slurm.Slurm().requeue_argv(SLURM, where) == ["/bin/scontrol", "requeue", "77"]

@@ -101,6 +101,14 @@ def _verdict(code: int, log_path: Path, plan: LaunchPlan, beats: dict) -> tuple[
         print(f"sprite: every rank stopped for preemption (launcher exit code {code}); exit code {EXIT_PREEMPTED}.",
               file=sys.stderr, flush=True)
         code = EXIT_PREEMPTED
+    failed = sorted(rank for rank, beat in beats.items() if beat.phase == heartbeat.FAILED)
+    if code == EXIT_PREEMPTED and failed:
+        verdict = classify.failed_in_preemption(failed, _tail(log_path))
+        print(report(SpriteError(f"The launcher exited {code} (preemption), but {verdict.reason}.",
+                                 "Its save of the preemption checkpoint failing (a full disk) is the usual cause.",
+                                 "Fix what that rank's lines above say, then --resume auto takes the newest valid "
+                                 "checkpoint; exit code 1.")), file=sys.stderr, flush=True)
+        return 1, verdict
     verdict = _unfinished(classify.classify(code, _tail(log_path), [h for h in world.hosts
                                                                     for _ in range(world.devices)]), beats)
     if code == 0 and verdict.cause != classify.SUCCESS:

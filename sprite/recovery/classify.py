@@ -97,12 +97,31 @@ def _sprite_verdict(code: int, log: str) -> Verdict | None:
         suspects = _SUSPECTS.search(stalled.group(1))
         hosts = tuple(h for h in suspects.group(1).split(",") if h) if suspects else ()
         return Verdict(STALL, stalled.group(1)[:300], hosts)
-    # A rank's echo of a peer that vanished ("sprite: error: ... Connection closed by peer", from a background
-    # save's outcome) is not sprite's refusal: the peer's own failure, found further on, is the cause.
-    refused = next((m for m in _SPRITE_ERROR.finditer(log) if not _LOST_PEER.search(m["said"])), None)
+    refused = _refusal(log)
     if code in (1, 2) and refused:
-        return Verdict(USAGE if code == 2 else CHECK_FAILED, refused["said"].strip()[:300])
+        return Verdict(USAGE if code == 2 else CHECK_FAILED, refused)
     return None
+
+
+def _refusal(log: str) -> str | None:
+    """The first "sprite: error:" line of a rank. A rank's echo of a peer that vanished ("sprite: error: ...
+    Connection closed by peer", from a background save's outcome) is not sprite's refusal: the peer's own failure,
+    found further on, is the cause."""
+    refused = next((m for m in _SPRITE_ERROR.finditer(log) if not _LOST_PEER.search(m["said"])), None)
+    return refused["said"].strip()[:300] if refused else None
+
+
+def failed_in_preemption(ranks: Sequence[int], log: str) -> Verdict:
+    """The Verdict when the launcher's code says preemption (75) but ``ranks`` wrote a failed heartbeat: srun
+    returns the highest code of its tasks, so one rank's failure in the preemption save (a full disk) hides behind
+    the others' 75. The failing rank's own refusal (a check failed: no relaunch) or exception is the cause."""
+    who = f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))} failed while the others stopped for " \
+          "preemption"
+    refused = _refusal(log)
+    if refused:
+        return Verdict(CHECK_FAILED, f"{who}: {refused}"[:300])
+    exception = _first_exception(log)
+    return Verdict(APP_FAULT, f"{who}: {exception}"[:300] if exception else who)
 
 
 def classify(code: int, log: str, rank_hosts: Sequence[str] = ()) -> Verdict:
