@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 import tarfile
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from conftest import sprite_free_env
 
 from slurm_cluster import slurm  # noqa: F401  (fixture)
 from sprite.launch.stage import archive as archmod
+from sprite.errors import UsageError
 from sprite.launch.stage import node
 
 REPO = Path(__file__).resolve().parent.parent
@@ -530,13 +530,26 @@ def test_when_staging_fails_the_preflight_finds_the_node_unstaged_and_staging_go
     assert records == ["stage", "stage"]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "running"  # not "stage failed"
 
-    # Under srun, sbcast writes to every node of the job: staging again without a node cannot help, so the
-    # failure stands at once (no preflight run for nothing), and --keep-stage keeps nothing, no attempt having run.
+    # Under srun the first staging writes to every node of the job with sbcast; staged again without the failed
+    # node, the kept nodes read the archive instead (sbcast would write to that node too).
     staged.clear(), removed.clear(), preflighted.clear()
-    run, plan = entry.prepare({**flags, "keep_stage": True}, None, str(tmp_path / "run2"), env)
-    plan = replace(plan, stage=replace(plan.stage, broadcast="sbcast"))
+    slurm_env = _env({"SLURM_JOB_ID": "78", "SLURM_JOB_NODELIST": "127.0.0.[1-3]", "SLURM_NTASKS_PER_NODE": "1"})
+    flags = {**flags, "launcher": "srun", "mpi": None}
+    run, plan = entry.prepare(flags, None, str(tmp_path / "run2"), slurm_env)
+    broadcasts = []
+    monkeypatch.setattr(stagerun, "stage", lambda p: broadcasts.append(p.broadcast) or stage(p))
+    entry.run_all(run, plan, preflight=Preflight())
+    assert staged == [every, kept] and broadcasts == ["sbcast", "read"]
+    assert attempted[-1].stage.per_node[:9] == ("srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1",
+                                               "--nodelist", "127.0.0.1,127.0.0.3")
+
+    # A folder that is not sprite's is no node's fault: that refusal stands at once (no preflight run for nothing),
+    # and --keep-stage keeps nothing, no attempt having run.
+    preflighted.clear(), removed.clear()
+    run, plan = entry.prepare({**flags, "keep_stage": True}, None, str(tmp_path / "run3"), slurm_env)
+    monkeypatch.setattr(stagerun, "stage", lambda p: (_ for _ in ()).throw(UsageError("not sprite's folder")))
     monkeypatch.setattr(stagerun, "unstage", lambda p: removed.append(p.keep))
-    with pytest.raises(stagerun.StageFailed):
+    with pytest.raises(UsageError):
         entry.run_all(run, plan, preflight=Preflight())
     assert len(preflighted) == 1 and removed == [False]
 
@@ -683,3 +696,24 @@ def test_stage_on_two_slurmd_nodes_sharing_one_folder_unpacks_once_and_every_ran
     assert record["hosts"] == 2 and record["dir"] == stage_dir
     assert "sbcast: error" not in done.stderr and "unpacked" in done.stderr and "already unpacked" in done.stderr
     assert not os.path.exists(stage_dir), done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_stage_under_srun_leaves_an_excluded_node_out_and_the_kept_node_reads_the_archive(
+        two_slurmd, small_venv, stage_cache, node_local, tmp_path):
+    """docs/staging.md: sbcast writes to every node of the job, so with a node left out (--exclude here; the
+    preflight's failed nodes alike) the kept nodes read the cached archive through srun --nodelist."""
+    fit = tmp_path / "fit.py"
+    fit.write_text(FIT)
+    stage_dir = str(node_local / "stage-x")
+    env = _env({"SLURM_CONF": two_slurmd.env["SLURM_CONF"], "SPRITE_STAGE_CACHE": str(stage_cache),
+                "MASTER_ADDR": "127.0.0.1"})
+    cmd = ["salloc", "-N", "2", "--ntasks-per-node=1", "--quiet", small_venv, "-m", "sprite", "run", "--run-dir",
+           str(tmp_path / "run"), "--launcher", "srun", "--nodes", "1", "--devices", "1", "--exclude", "n2",
+           "--stage", stage_dir, str(fit), str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _check_ranks(tmp_path, 1, stage_dir)
+    record = _stage_record(tmp_path / "run")
+    assert record["broadcast"] == "read" and record["shared_folder"] is False and record["hosts"] == 1, record
+    assert "sbcast" not in done.stderr and not os.path.exists(stage_dir), done.stderr[-3000:]

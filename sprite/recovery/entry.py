@@ -175,9 +175,7 @@ def run_all(run: Run, plan: LaunchPlan, preflight=None) -> int:
     try:
         staged = _stage(run, plan, base)
     except SpriteError as err:
-        # A folder not sprite's is no node's fault; under srun sbcast writes to every node of the job, so staging
-        # again without a node cannot help.
-        if checked is None or err.exit_code == EXIT_USAGE or plan.stage.broadcast == "sbcast":
+        if checked is None or err.exit_code == EXIT_USAGE:  # a folder not sprite's is no node's fault
             raise
         plan, staged = _preflight_unstaged(run, plan, base, preflight, err)
         rundir.write_summary(run.path, {**base, "status": "running", "started": time.time()})

@@ -109,12 +109,13 @@ def build(spec, site, world, python: str, environ: Mapping[str, str], run_env: M
     alloc = world.alloc
     if spec.exclude and alloc.scheduler != "none":
         alloc = allocmod.exclude(alloc, spec.exclude, spec.origins.get("exclude", "--exclude"))
-    # Every usable host, spare ones too (a retry may move onto them); sbcast writes to every node of the job.
-    hosts = world.alloc.hosts if world.flavour == "srun" else alloc.hosts
+    hosts = alloc.hosts  # every usable host, spare ones too (a retry may move onto them)
     if alloc.scheduler == "none" or world.flavour == "local":
         broadcast, hosts = "local", world.hosts
     elif world.flavour == "srun":
-        broadcast = "sbcast"
+        # sbcast writes to every node of the job: where a node is left out (--exclude, a node the preflight found
+        # failing), each kept node reads the archive instead, as under mpiexec.
+        broadcast = "sbcast" if hosts == world.alloc.hosts else "read"
     else:
         broadcast = "copper" if site.copper else "read"
     copper = (site.copper, site.copper.replace("launch_copper", "stop_copper")) if broadcast == "copper" else ()
