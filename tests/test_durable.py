@@ -297,3 +297,53 @@ def test_background_saves_get_a_gloo_group_in_a_one_rank_world_too(tmp_path):
     finally:
         background._group[:] = saved
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])
+def test_a_save_replacing_one_of_the_same_name_that_cannot_be_sealed_leaves_the_old_one_valid(tmp_path, monkeypatch,
+                                                                                              folder):
+    """docs/checkpoints.md: a save replacing `last.ckpt` is sealed under a temporary name first, so a seal that
+    fails (or a rank killed before the renames) leaves the old checkpoint whole and valid at its name; the error
+    names rank 0's own failure. A folder save's old folder is not removed."""
+    import torch
+
+    monkeypatch.setattr(hashed_save, "_stagers", {})
+    target = tmp_path / "last.ckpt"
+
+    def save(step):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+            plan = seal._plan(target, folder)
+            with hashed_save.collecting() as pending:
+                if folder:
+                    hashed_save.dcp_save({"w": torch.full((4,), float(step))}, Path(plan["write"]))
+                else:
+                    hashed_save.atomic_save({"w": step}, target)
+            plan["folder"] = folder
+            durable.later(lambda: seal._complete(plan, target, {"step": step}, pending, 0, 1, None))
+            assert durable.drain(60)
+
+    save(1)
+    assert integrity.verify(target).manifest["meta"]["step"] == 1
+    real_seal = integrity.seal
+
+    def seal_then_fail(where, *args, **kwargs):
+        assert integrity.verify(target).manifest["meta"]["step"] == 1  # still the old one, sealed, at its name
+        real_seal(where, *args, **kwargs)
+        raise OSError(28, "No space left on device (injected after the manifest was written)")
+
+    monkeypatch.setattr(integrity, "seal", seal_then_fail)
+    save(2)
+    verdict = integrity.verify(target)
+    assert verdict.valid and verdict.manifest["meta"]["step"] == 1, verdict.reason
+    with pytest.raises(durable.SaveFailed, match="rank 0 could not seal it: OSError"):
+        durable.check()
+    leftovers = [name for name in os.listdir(tmp_path) if name != target.name and name != target.name +
+                 integrity.MANIFEST_SUFFIX]
+    # a file's temporary copy and the manifest sealed beside it are removed; a folder's fresh copy stays hidden aside
+    assert all("sprite-new" in name for name in leftovers) if folder else leftovers == [], leftovers
+    monkeypatch.setattr(integrity, "seal", real_seal)
+    durable._failed.clear()
+    save(3)
+    verdict = integrity.verify(target)
+    assert verdict.valid and verdict.manifest["meta"]["step"] == 3, verdict.reason

@@ -26,11 +26,13 @@ __all__ = ["IntegrityError", "Verdict", "write_new", "make_dir_new", "fsync_dir"
            "MANIFEST_NAME", "MANIFEST_SUFFIX", "VERSION"]
 
 
-def seal(target, meta: dict, files: Optional[dict] = None, sync: bool = True) -> Path:
+def seal(target, meta: dict, files: Optional[dict] = None, sync: bool = True, name: Optional[str] = None) -> Path:
     """Write ``target``'s manifest last and atomically: a temporary name, fsync, a hard link to the final name
     (never replacing one), unlink of the temporary name, fsync of the folder. ``files`` defaults to
     ``describe(target)``. ``sync`` False: no fsync of the manifest or its folder (the caller does both later).
-    Returns the manifest's path.
+    ``name``: the name the manifest describes, when ``target`` is still under a temporary one (a checkpoint sealed
+    before it replaces one of that name; a file's manifest must then follow it to its name). Returns the
+    manifest's path.
 
     Raises:
         IntegrityError: the target is missing or already has a manifest. OSError on I/O failure.
@@ -43,7 +45,7 @@ def seal(target, meta: dict, files: Optional[dict] = None, sync: bool = True) ->
     if os.path.lexists(final):
         raise exists_error(final, "a manifest")
     kind = "dir" if target.is_dir() else "file"
-    body = {"sprite_manifest": VERSION, "kind": kind, "name": target.name, "meta": meta,
+    body = {"sprite_manifest": VERSION, "kind": kind, "name": name or target.name, "meta": meta,
             "files": describe(target) if files is None else files}
     temp = final.parent / f".{MANIFEST_NAME}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     write_new(temp, canonical.sealed(body), 0o600, sync=sync)

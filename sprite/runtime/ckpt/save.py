@@ -25,6 +25,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from sprite import integrity
 from sprite.integrity import digest
 from sprite.integrity.writeonce import created
 from sprite.runtime.ckpt import durable
@@ -42,10 +43,10 @@ class Pending:
     """One background write of a save: ``run()`` waits for or does the write and returns ``{name: entry}`` of
     the files it hashed (names relative to the checkpoint's folder, or the file's own name); ``publish()``, on
     rank 0 once every rank's files are durable, puts a file in place; ``discard()`` removes what a failed save
-    left under a temporary name."""
+    left under a temporary name; ``temp``: that name (a file written aside), else None."""
 
-    def __init__(self, run, publish=lambda: None, discard=lambda: None):
-        self.run, self.publish, self.discard = run, publish, discard
+    def __init__(self, run, publish=lambda: None, discard=lambda: None, temp: Path | None = None):
+        self.run, self.publish, self.discard, self.temp = run, publish, discard, temp
 
 
 @contextlib.contextmanager
@@ -132,11 +133,12 @@ def _staged_file(checkpoint: dict, target: Path) -> Pending:
     def publish() -> None:
         os.replace(temp, target)  # the caller holds durable.LOCK
 
-    def discard() -> None:
-        if os.path.lexists(temp):
-            os.unlink(temp)
+    def discard() -> None:  # the file and a manifest sealed beside it (seal._finish), both made by this save
+        for path in (temp, integrity.manifest_path(temp)):
+            if os.path.lexists(path):
+                os.unlink(path)
 
-    return Pending(run, publish, discard)
+    return Pending(run, publish, discard, temp)
 
 
 def _remember(path, entry: dict, fsync_seen_to: bool) -> None:

@@ -7,7 +7,8 @@ so sprite wraps it. The training loop's part (the stall): wait for the save in f
 folder), and every rank runs Lightning's save, whose writes sprite stages in host memory
 (``sprite.runtime.ckpt.save``). The rest is one job on this rank's background thread (``durable``): the writes,
 the hashes, the fsync of this rank's files and folders, then a gather on a gloo process group of its own; rank 0
-puts the checkpoint in place, writes the manifest last (fsynced) and tells every rank the outcome. A save that
+seals the checkpoint under its temporary name (the manifest last, fsynced), then puts it in place, and tells every
+rank the outcome. A save that
 fails on any rank is not sealed, removes nothing, and fails the run at the next save or the end of the fit.
 ``ModelCheckpoint._remove_checkpoint`` (save_top_k) runs after that job, and also removes the manifest sprite
 wrote beside a file.
@@ -106,8 +107,10 @@ def _timing(started: float) -> dict:
 
 
 def _finish(plan: dict, target: Path, meta: dict, pending: list, reports: list) -> bool:
-    """Rank 0, once every rank reported: put the checkpoint in place (a file renamed from its temporary name, a
-    fresh folder swapped in), drop a stale manifest, seal (fsynced) and record. Returns whether it is sealed."""
+    """Rank 0, once every rank reported: seal the checkpoint (fsynced) while it is still under its temporary name,
+    then put it in place (a fresh folder swapped in, its manifest inside; a file and the manifest beside it renamed
+    over the ones they replace, back to back), and record. Until those renames a checkpoint of the same name stays
+    whole and sealed: a save that fails or is killed before them leaves it valid. Returns whether it is sealed."""
     written = Path(plan["write"])
     failed = [info for ok, info in reports if not ok]
     if failed:
@@ -117,16 +120,24 @@ def _finish(plan: dict, target: Path, meta: dict, pending: list, reports: list) 
                     **plan.get("timing", {}))
         return False
     files = {rel: entry for ok, info in reports for rel, entry in info.items()}
+    aside = [write for write in pending if write.temp is not None]
     with durable.LOCK:
-        stale = integrity.manifest_path(target)
-        if not plan["folder"] and os.path.lexists(stale):
-            os.unlink(stale)  # sprite's manifest of the file this save replaces
-        for write in pending:
-            write.publish()
-        if plan["swap"]:
-            _swap(written, target)
+        if plan["folder"]:
+            integrity.seal(written, meta, files, sync=True, name=target.name)
+            if plan["swap"]:
+                _swap(written, target)
+        elif len(aside) == 1 and len(pending) == 1:  # a file written under a temporary name (save.py)
+            sealed = integrity.seal(aside[0].temp, meta, files, sync=True, name=target.name)
+            aside[0].publish()
+            os.replace(sealed, integrity.manifest_path(target))  # over sprite's manifest of the file replaced
+        else:  # written in place by another CheckpointIO: its old manifest no longer describes it
+            stale = integrity.manifest_path(target)
+            if os.path.lexists(stale):
+                os.unlink(stale)
+            for write in pending:
+                write.publish()
+            integrity.seal(target, meta, files, sync=True)
         integrity.fsync_dir(target.parent)
-        integrity.seal(target, meta, files, sync=True)
     trail.audit("checkpoint_written", path=str(target), step=meta["step"], verified=True, **plan.get("timing", {}))
     return True
 
@@ -151,23 +162,25 @@ def _complete(plan: dict, target: Path, meta: dict, pending: list, rank: int, wo
         # reach the gather below, whatever this rank's write raised, or the others wait in it
         report = (False, f"rank {rank}: {type(err).__name__}: {err}")
     reports = background.gather(report, group, rank, world)
-    sealed = False
+    sealed, why = False, ""
     if rank == 0:
         try:
             sealed = _finish(plan, target, meta, pending, reports)
         except Exception as err:
+            why = f"rank 0 could not seal it: {type(err).__name__}: {err}"
             trail.say(f"checkpoint {target} is not sealed: {type(err).__name__}: {err}")
-    sealed = background.broadcast(sealed, group, rank, world)
+    sealed, why = background.broadcast((sealed, why), group, rank, world)
     durable.outcome(sealed)
     if not sealed:
         for write in pending:
             write.discard()
-        reason = report[1] if not report[0] else "another rank could not write its files (its log says why)"
+        reason = report[1] if not report[0] else why or "another rank could not write its files (its log says why)"
         raise durable.SaveFailed(f"Checkpoint {target} was not saved: {reason.rstrip('.')}.", *durable.advice(reason))
 
 
 def _swap(fresh: Path, target: Path) -> None:
-    """Put the complete ``fresh`` folder at ``target``; the old one goes (kept aside if sprite did not seal it)."""
+    """Put the complete, sealed ``fresh`` folder at ``target`` (two renames back to back); the old one goes, once
+    the new one is durable in its place (kept aside if sprite did not seal it)."""
     aside = target.with_name(f".{target.name}.sprite-old-{secrets.token_hex(4)}")
     os.rename(target, aside)
     os.rename(fresh, target)
