@@ -172,10 +172,12 @@ def test_unpacking_drops_setuid_and_group_write_keeps_mtimes_and_a_link_pointing
         archmod.unpack(str(fifo), str(tmp_path / "d2"), None)
 
 
-def test_the_archive_is_packed_once_per_fingerprint_and_a_stray_one_is_refused_untouched(tmp_path):
+def test_the_archive_is_packed_once_per_fingerprint_and_a_stray_one_is_refused_untouched(tmp_path, monkeypatch):
     """docs/staging.md: a launch that finds the record reuses the archive; a changed environment gets a new
     fingerprint; the archive is linked into place, never over a file that is there without its record."""
     from sprite.launch.stage import run as stagerun
+
+    monkeypatch.setattr(stagerun, "RECORD_WAIT", 0.2)
 
     class Source:
         def manifest(self):
@@ -196,6 +198,56 @@ def test_the_archive_is_packed_once_per_fingerprint_and_a_stray_one_is_refused_u
         stagerun.cached_archive(cache, Source(), files, "cd" * 32)
     assert stray.read_bytes() == b"not sprite's" and sorted(os.listdir(cache)) == sorted(
         [Path(first[0]).name, Path(first[0]).name + ".json", stray.name])
+
+
+def test_the_stage_cache_is_shared_safely_between_launches_and_taken_only_from_this_user(tmp_path, monkeypatch):
+    """Two launches packing one environment at once: the second to link reuses the first's archive and record
+    (it was refused, and told to remove an archive other nodes may be reading). A file named as another launch's
+    temporary one is never removed. A cache others may write to, or an archive that is a symlink, is refused
+    (exit 2): the ranks would run what it holds."""
+    from sprite.launch.stage import run as stagerun
+
+    class Source:
+        def manifest(self):
+            return {"python": "3"}
+
+    module = tmp_path / "env" / "m.py"
+    module.parent.mkdir()
+    module.write_text("x = 1\n")
+    files = [("m.py", str(module), os.lstat(module))]
+    cache = tmp_path / "cache"
+    archive = cache / f"sprite-env-{'ab' * 16}.tar"
+    cache.mkdir(mode=0o700)
+    theirs = cache / f"{archive.name}.partial-{os.getpid()}"
+    theirs.write_bytes(b"another launch's half-packed archive")
+    real_pack = stagerun.archmod.pack
+
+    def pack_while_another_launch_finishes(files, manifest, fd):
+        found = real_pack(files, manifest, fd)
+        archive.write_bytes(b"the other launch's archive")
+        (cache / f"{archive.name}.json").write_text(json.dumps({"sha256": "e" * 64, "bytes": 26}))
+        return found
+
+    monkeypatch.setattr(stagerun.archmod, "pack", pack_while_another_launch_finishes)
+    got = stagerun.cached_archive(str(cache), Source(), files, "ab" * 32)
+    assert got == (str(archive), "e" * 64, 26, True)
+    assert theirs.read_bytes() == b"another launch's half-packed archive"
+    assert sorted(os.listdir(cache)) == sorted([archive.name, archive.name + ".json", theirs.name])
+
+    os.chmod(cache, 0o770)
+    with pytest.raises(UsageError, match="not this user's alone"):
+        stagerun.cached_archive(str(cache), Source(), files, "ab" * 32)
+    os.chmod(cache, 0o700)
+    elsewhere = tmp_path / "planted.tar"
+    elsewhere.write_bytes(b"planted")
+    other = cache / f"sprite-env-{'cd' * 16}.tar"
+    other.symlink_to(elsewhere)
+    (cache / f"{other.name}.json").write_text(json.dumps({"sha256": "f" * 64, "bytes": 7}))
+    with pytest.raises(UsageError, match="symlink"):
+        stagerun.cached_archive(str(cache), Source(), files, "cd" * 32)
+    os.unlink(other)
+    with pytest.raises(stagerun.StageFailed, match="record .* without its archive"):
+        stagerun.cached_archive(str(cache), Source(), files, "cd" * 32)
 
 
 def test_the_fingerprint_follows_size_mtime_mode_and_link_target_but_not_a_folders_mtime(tmp_path):
@@ -283,6 +335,22 @@ def test_the_node_tool_makes_its_folder_for_this_user_alone(tmp_path, monkeypatc
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.lstat(tmp_path / "stage").st_mode) == 0o700
+
+
+def test_a_stage_folder_is_marked_for_one_invocation_alone(tmp_path):
+    """Every attempt of one sprite run shares its stage folder's token; another invocation given the same
+    --run-dir in the same job gets another, so a folder a run before kept (--keep-stage) is refused, not adopted
+    unchecked and then removed."""
+    from sprite import contract
+    from sprite.launch.stage.plan import token_of
+
+    run_env = {contract.RUN_DIR: str(tmp_path / "run")}
+    mine = token_of(run_env, "77")
+    assert token_of(dict(run_env), "77") == mine and re.fullmatch(r"[0-9a-f]{16}", mine)
+    code = f"from sprite.launch.stage.plan import token_of; print(token_of({run_env!r}, '77'))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env({}),
+                           check=True).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{16}", other) and other != mine
 
 
 def test_the_node_tool_exits_2_for_a_folder_that_is_not_its_own(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import sys
 from dataclasses import dataclass
 from typing import Mapping
@@ -44,9 +45,13 @@ class StagePlan:
                 f"ranks run {self.python}")
 
 
+_INVOCATION = secrets.token_hex(16)  # this process's own: no other sprite run, before or after, has it
+
+
 def token_of(run_env: Mapping[str, str], job_id: str) -> str:
-    """This run's mark on its stage folders: the same for every attempt of one ``sprite run``."""
-    seed = f"{run_env.get(contract.RUN_DIR) or os.getpid()}|{job_id}"
+    """This run's mark on its stage folders: the same for every attempt of one ``sprite run``, and for no other
+    invocation, even one given the same --run-dir in the same job (a folder a run before kept is not this run's)."""
+    seed = f"{_INVOCATION}|{run_env.get(contract.RUN_DIR, '')}|{job_id}"
     return hashlib.sha256(seed.encode()).hexdigest()[:16]
 
 

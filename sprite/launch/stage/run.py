@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -73,31 +75,78 @@ def unstage(plan: StagePlan) -> None:
             print(f"sprite: {err}", file=sys.stderr, flush=True)
 
 
+RECORD_WAIT = 60.0  # seconds to wait for the record of an archive another launch is packing
+
+
 def cached_archive(cache: str, env_source, files: list, fingerprint: str) -> tuple[str, str, int, bool]:
     """(archive path, SHA-256, size, whether it was cached) of the environment with ``fingerprint``: packed into
-    ``cache`` under a name of its own unless its record ``<archive>.json`` is there. Raises StageFailed."""
+    ``cache`` under a name of its own unless its record ``<archive>.json`` is there (or comes, from another launch
+    packing the same environment at once). Raises UsageError for a cache folder or file others could have
+    written (the ranks would run what it holds), StageFailed when packing fails or an archive has no record."""
     os.makedirs(cache, mode=0o700, exist_ok=True)
+    _only_mine(cache, stat.S_ISDIR, "folder")
     archive = os.path.join(cache, f"sprite-env-{fingerprint[:32]}.tar")
     record = archive + ".json"
-    if os.path.isfile(record) and not os.path.islink(record) and os.path.isfile(archive):
-        with open(record, encoding="utf-8") as meta:
-            known = json.load(meta)
+    known = _record(archive, record, RECORD_WAIT if os.path.lexists(archive) else 0.0)
+    if known:
         return archive, known["sha256"], known["bytes"], True
-    partial = f"{archive}.partial-{os.getpid()}"
+    if os.path.lexists(record):
+        raise StageFailed(f"The stage cache holds the record {record} without its archive.",
+                          "The archive was removed by hand, or the record is not sprite's.",
+                          f"Remove {record} and launch again.")
+    partial = f"{archive}.partial-{secrets.token_hex(8)}"  # a name no other launch on any host takes
+    with writeonce.created(partial, 0o600) as fd:  # removed by created() if packing fails
+        sha, size = archmod.pack(files, {**env_source.manifest(), "fingerprint": fingerprint}, fd)
     try:
-        with writeonce.created(partial, 0o600) as fd:
-            sha, size = archmod.pack(files, {**env_source.manifest(), "fingerprint": fingerprint}, fd)
         os.link(partial, archive)  # refuses an existing name: never over a file sprite did not write now
-    except FileExistsError:
-        raise StageFailed(f"The stage cache holds {archive} without its record {os.path.basename(record)}.",
-                          "An earlier launch stopped while packing, or the file is not sprite's.",
-                          f"Remove {archive} and launch again.") from None
+    except FileExistsError:  # another launch linked the same environment's archive while this one packed
+        known = _record(archive, record, RECORD_WAIT)
+        if not known:
+            raise StageFailed(f"{archive} was removed while this launch packed its own.",
+                              "Another launch or a person cleaned the stage cache meanwhile.", "Launch again.") from None
+        return archive, known["sha256"], known["bytes"], True
     finally:
-        if os.path.lexists(partial):
-            os.unlink(partial)
+        os.unlink(partial)
     writeonce.write_new(record, json.dumps({"sha256": sha, "bytes": size, "fingerprint": fingerprint,
                                             "files": len(files)}).encode())
     return archive, sha, size, False
+
+
+def _only_mine(path: str, kind, what: str) -> None:
+    """Raises UsageError unless ``path`` is a ``kind`` (not a symlink) owned by this user that no one else may
+    write: an archive or record someone else put in the cache would be unpacked and run by the ranks."""
+    info = os.lstat(path)
+    if kind(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022:
+        return
+    raise UsageError(f"--stage: the stage cache {what} {path} is not this user's alone (a symlink, another owner, or "
+                     "writable by group or others).",
+                     "The ranks run what the cache holds, so sprite takes it only from a folder no one else writes.",
+                     "Set SPRITE_STAGE_CACHE to a folder of your own with mode 0700, or fix its owner and mode.")
+
+
+def _record(archive: str, record: str, wait: float) -> dict | None:
+    """The record of ``archive`` when both are there (waiting up to ``wait`` seconds for a record another launch
+    is writing); None when there is no archive. Raises StageFailed for an archive that stays without its record,
+    UsageError for either not being this user's own file."""
+    deadline = time.monotonic() + wait
+    while os.path.lexists(archive) and not os.path.lexists(record) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not os.path.lexists(archive):
+        return None
+    if not os.path.lexists(record):
+        raise StageFailed(f"The stage cache holds {archive} without its record {os.path.basename(record)}.",
+                          "An earlier launch stopped while packing, or the file is not sprite's.",
+                          f"Remove {archive} and launch again.")
+    _only_mine(archive, stat.S_ISREG, "file")
+    _only_mine(record, stat.S_ISREG, "file")
+    try:
+        with open(record, encoding="utf-8") as meta:
+            known = json.load(meta)
+        return {"sha256": str(known["sha256"]), "bytes": int(known["bytes"])}
+    except (ValueError, KeyError, TypeError) as err:
+        raise StageFailed(f"The stage cache's record {record} cannot be read ({type(err).__name__}).",
+                          "A launch stopped while writing it, or the file is not sprite's.",
+                          f"Remove {record} and {archive}, then launch again.") from None
 
 
 STEP_SECONDS = 1800.0  # a stage step still running after this is stopped: a node that hangs must not hang the run
