@@ -73,3 +73,50 @@ def test_quoted_arguments_and_env_reach_the_script_literally_and_touch_nothing(t
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert json.loads((tmp_path / "argv.json").read_text()) == args  # the payloads arrived as plain words
     assert not list(tmp_path.glob("pwned-*")), "a payload was executed by the shell"
+
+
+def test_every_run_key_of_a_spec_reaches_the_job_scripts_sprite_run(tmp_path, monkeypatch):
+    """A job script's `sprite run` line carries every run key its spec wrote: the line is parsed by sprite run's
+    own command line, and what it gives equals the spec's values. (Seven keys, preflight and stage among them,
+    were dropped: the job ran without them.) Only the keys the job script handles another way are not flags."""
+    from typer.testing import CliRunner
+
+    from sprite.cli.app import app
+    from sprite.jobs import script as jobscript
+    from sprite.recovery import entry
+    from sprite.spec import job as specmod
+    from sprite.spec import sites, yamldoc
+
+    train = tmp_path / "train.py"
+    train.write_text("print(1)\n")
+    (tmp_path / "ck").mkdir()
+    written = {
+        "script": str(train), "args": ["--lr", "0.1"], "nodes": 2, "devices": 4, "accelerator": "cpu",
+        "strategy": "fsdp", "precision": "bf16-mixed", "launcher": "mpiexec", "mpi": "hydra", "master_port": 29511,
+        "resume": str(tmp_path / "ck"), "stall_timeout": 600, "first_step_timeout": 900, "save_timeout": 1200,
+        "retries": 2, "spare_nodes": 1, "preempt_signal": "USR2", "cpu_bind": "depth", "log_dir": str(tmp_path / "l"),
+        "ranks": "0,3", "stage": "/tmp/stagehere", "keep_stage": True, "checkpoint_every": "30min", "mtbf": "24h",
+        "keep": 3, "checkpoint_writer": "thread", "preflight": True, "requeue": True, "checks": "strict",
+        "exclude": ["n3"], "env": {"FOO": "1"}, "pass_env": ["HOME"],
+    }
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(written))
+    layer = specmod.from_document(yamldoc.load(str(spec_file)))
+    job = specmod.merge(layer)
+    argv = jobscript.run_argv("python", sites.load("local"), layer, job)
+    assert argv[:6] == ["python", "-m", "sprite", "run", "--site", "local"]
+    seen = {}
+
+    def prepare(flags, spec, run_dir, **_):
+        seen.update(flags)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(entry, "prepare", prepare)
+    result = CliRunner().invoke(app, argv[3:])
+    assert result.exit_code == 0 and seen, result.output
+    parsed = specmod.from_flags({**seen, "env": None, "pass_env": None, "site": None})
+    not_flags = {"env", "pass_env", "site", "scheduler"}  # --env NAME (the value is read from the spec's env again)
+    assert set(layer) - not_flags <= set(parsed), sorted(set(layer) - not_flags - set(parsed))
+    for key in set(layer) - not_flags:
+        assert parsed[key] == layer[key], key
+    assert seen["pass_env"] == ["FOO", "HOME"]

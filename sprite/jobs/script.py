@@ -30,7 +30,8 @@ from sprite.spec.job import JobSpec
 TEMPLATE = "job.sh.tmpl"
 VALUE_FLAGS = ("nodes", "devices", "accelerator", "strategy", "precision", "launcher", "mpi", "master_port", "resume",
                "stall_timeout", "first_step_timeout", "save_timeout", "retries", "spare_nodes", "preempt_signal",
-               "cpu_bind", "log_dir", "ranks")
+               "cpu_bind", "log_dir", "ranks", "stage", "checkpoint_every", "mtbf", "keep", "checkpoint_writer")
+SWITCH_FLAGS = ("requeue", "preflight", "keep_stage")  # true: the flag alone
 
 
 def check_text(key: str, text: str) -> str:
@@ -80,7 +81,7 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, blo
     if layer.get("exclude"):
         argv += ["--exclude", ",".join(layer["exclude"])]
     argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(layer.get("checks", "on"), [])
-    argv += ["--requeue"] if layer.get("requeue") else []
+    argv += ["--" + key.replace("_", "-") for key in SWITCH_FLAGS if layer.get(key)]
     from_site = [name for name in job.env if name in secret and name not in layer.get("env", {})]
     argv += ["--allow-literal-secrets"] if allow_literal_secrets and from_site else []
     return argv + [job.script or "", *job.args]
