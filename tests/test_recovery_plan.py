@@ -122,6 +122,11 @@ def test_watchdog_settings_from_flags_spec_and_site(script, tmp_path):
         prepare(script, tmp_path, first_step_timeout="100")
     with pytest.raises(UsageError, match="--stall-timeout: 'soon' is not a positive number of seconds"):
         prepare(script, tmp_path, stall_timeout="soon")
+    # 1e308 passed planning and then made the run record's JSON fail (10 x 1e308 is inf), with a traceback
+    with pytest.raises(UsageError, match="--stall-timeout: '1e308' seconds is more than ten years"):
+        prepare(script, tmp_path, stall_timeout="1e308")
+    with pytest.raises(UsageError, match="--checkpoint-every: '999999999999d' is more than ten years"):
+        prepare(script, tmp_path, checkpoint_every="999999999999d")
     aurora, _ = prepare(script, tmp_path, site="aurora")
     assert aurora.limits.stall == 1800  # the site profile's default (conf/aurora.yaml)
     spec = tmp_path / "job.yaml"

@@ -31,15 +31,19 @@ Examples:
 FAULT_HELP = "negative control HOST:KIND, KIND one of wrong-result, slow, no-device, hang (repeatable)"
 
 
-def _positive(text: Optional[str], option: str, default: float, least: float = 0.0) -> float:
+DAY = 86400.0  # seconds: the longest a preflight, or one of its collectives, may be given
+
+
+def _positive(text: Optional[str], option: str, default: float, least: float = 0.0, most: float = DAY) -> float:
     if text is None:
         return default
     try:
         number = float(text)
     except ValueError:
         number = float("nan")
-    if not least < number < float("inf"):
-        raise UsageError(f"{option} {text!r} is not a number above {least:g}.", "", f"Pass e.g. {option} {default:g}.")
+    if not least < number <= most:
+        raise UsageError(f"{option} {one_line(text, 40)!r} is not a number above {least:g} and at most {most:g}.",
+                         "", f"Pass e.g. {option} {default:g}.")
     return number
 
 
@@ -49,8 +53,8 @@ def options_from(deadline, collective_timeout, slow_factor, size, grace=None):
     base = Options()
     found = Options(deadline=_positive(deadline, "--deadline", base.deadline),
                     collective_timeout=_positive(collective_timeout, "--collective-timeout", base.collective_timeout),
-                    slow_factor=_positive(slow_factor, "--slow-factor", base.slow_factor, least=1.0),
-                    size=int(_positive(size, "--size", base.size, least=1.0)),
+                    slow_factor=_positive(slow_factor, "--slow-factor", base.slow_factor, least=1.0, most=1000.0),
+                    size=int(_positive(size, "--size", base.size, least=1.0, most=16384.0)),
                     grace=_positive(grace, "--grace", base.grace))
     if found.collective_timeout >= found.deadline:
         raise UsageError(f"--collective-timeout {found.collective_timeout:g} is not shorter than --deadline "

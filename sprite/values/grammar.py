@@ -118,12 +118,19 @@ def text_list(value: Any, complain: Complain) -> tuple[str, ...]:
     return words
 
 
+MAX_SECONDS = 3650 * 86400.0  # ten years: longer than any allocation; a larger figure is a typo (and 1e308 * 10 is inf)
+
+
 def duration(value: Any, complain: Complain) -> float:
-    """Seconds, a positive finite decimal number (``600``, ``0.5``, ``1e3``; an int or a float from Python)."""
+    """Seconds, a positive finite decimal number (``600``, ``0.5``, ``1e3``; an int or a float from Python) of at
+    most MAX_SECONDS."""
     text = scalar_text(value) if not isinstance(value, float) else repr(value)
     number = float(text) if text is not None and DECIMAL.fullmatch(text) else None
     if number is None or not 0 < number < float("inf"):
         raise complain(f"{show(value)} is not a positive number of seconds.", "seconds above 0, e.g. 600")
+    if number > MAX_SECONDS:
+        raise complain(f"{show(value)} seconds is more than ten years.", f"seconds above 0 and at most "
+                       f"{MAX_SECONDS:.0f}, e.g. 600")
     return number
 
 
@@ -139,6 +146,8 @@ def span(value: Any, complain: Complain) -> float:
     number = float(match.group(1)) * SPAN_UNITS[match.group(2)] if match else None
     if number is None or not 0 < number < float("inf"):
         raise complain(f"{show(value)} is not a duration.", SPAN_ALLOWED)
+    if number > MAX_SECONDS:
+        raise complain(f"{show(value)} is more than ten years.", SPAN_ALLOWED + f", at most {MAX_SECONDS:.0f} s")
     return number
 
 
