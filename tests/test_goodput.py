@@ -216,14 +216,16 @@ def test_a_cadence_or_writer_exported_in_the_shell_does_not_reach_the_ranks_only
                       f"names = {contract.ASKED_FOR!r}\n"
                       "open('seen.json', 'w').write(json.dumps({n: os.environ.get(n) for n in names}))\n")
     stale = {contract.CHECKPOINT_EVERY: "5", contract.KEEP: "9", contract.MTBF: "60",
-             contract.CHECKPOINT_WRITER: "fork"}
+             contract.CHECKPOINT_WRITER: "fork", contract.LOG_DIR: "/proc/x", contract.CONSOLE_RANKS: "zz",
+             contract.STACKS_AFTER: "1,1,1"}  # the last three made the rank fail, or dump its stacks unasked
     done = subprocess.run([sys.executable, "-m", "sprite", "run", "--accelerator", "cpu", "--devices", "1",
                            "--checkpoint-every", "1h", str(script)], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, **stale}, check=False)
     assert done.returncode == 0, done.stderr
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen == {contract.CHECKPOINT_EVERY: "3600.0", contract.KEEP: "2", contract.MTBF: None,
-                    contract.CHECKPOINT_WRITER: None}, seen
+                    contract.CHECKPOINT_WRITER: None, contract.LOG_DIR: None, contract.CONSOLE_RANKS: None,
+                    contract.STACKS_AFTER: None}, seen
 
 
 def test_runs_show_has_a_goodput_section(tmp_path):

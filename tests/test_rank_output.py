@@ -188,3 +188,13 @@ def test_a_rank_splits_its_own_output(rank, logs, tmp_path):
     assert done.stderr.startswith("err line\n" if console else failure), done.stderr
     if logs:
         assert sorted((tmp_path / f"rank{rank}.log").read_text().splitlines()) == ["err line", "out line"]
+
+
+def test_a_hand_set_console_ranks_that_cannot_be_read_is_one_usage_error():
+    from sprite import contract
+    from sprite.errors import UsageError
+    from sprite.runtime import output
+
+    env = {contract.CONSOLE_RANKS: "zz", "RANK": "0", "WORLD_SIZE": "2", contract.LAUNCHER: "local"}
+    with pytest.raises(UsageError, match="SPRITE_CONSOLE_RANKS='zz' cannot be read"):
+        output.install(env)

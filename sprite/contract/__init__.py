@@ -44,9 +44,10 @@ ACCELERATORS = ("auto", "xpu", "cuda", "cpu")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 CHECK_MODES = ("on", "off", "strict")  # SPRITE_CHECKS; "on" when unset
 CHECKPOINT_WRITERS = ("thread", "process")  # SPRITE_CHECKPOINT_WRITER; unset: picked per run (ckpt/dcp_write.py)
-# Variables a plan sets only when the run asks for them (--checkpoint-every, --mtbf, --keep, --checkpoint-writer):
-# the launch environment drops any the user's shell exported, so only the flags and the spec decide them.
-ASKED_FOR = (CHECKPOINT_EVERY, MTBF, KEEP, CHECKPOINT_WRITER)
+# Variables a plan sets only when the run asks for them (--checkpoint-every, --mtbf, --keep, --checkpoint-writer,
+# --log-dir, --ranks, a stall timeout's stack dumps): the launch environment drops any the user's shell exported,
+# so only the flags and the spec decide them.
+ASKED_FOR = (CHECKPOINT_EVERY, MTBF, KEEP, CHECKPOINT_WRITER, LOG_DIR, CONSOLE_RANKS, STACKS_AFTER)
 PREEMPT_SIGNALS = ("USR1", "USR2", "none")  # SPRITE_PREEMPT_SIGNAL; sprite/contract/preemption.py says why USR1 is the default
 
 # Launcher flavours a plan can be built for; the runtime resolves ranks differently for each.

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Mapping
 
 from sprite import contract
+from sprite.errors import UsageError
 from sprite.integrity import owner_only
 from sprite.contract import console as console_grammar
 from sprite.runtime.ranks import FLAVOURS, read_rank_var, detect_flavour
@@ -88,7 +89,11 @@ def install(environ: Mapping[str, str] = os.environ) -> Output | None:
     names = FLAVOURS.get(flavour, FLAVOURS["local"])
     rank = read_rank_var(environ, names.rank, "rank", flavour)
     size = read_rank_var(environ, names.world_size, "world size", flavour)
-    console = not spec or rank in console_grammar.members(spec, size)
+    try:
+        console = not spec or rank in console_grammar.members(spec, size)
+    except ValueError as err:
+        raise UsageError(f"{contract.CONSOLE_RANKS}={spec[:80]!r} cannot be read ({err}).", "sprite run sets it "
+                         "from --ranks; a hand-set one may be wrong.", "Unset it, or pass --ranks to sprite run.")
     log = str(Path(log_dir) / f"rank{rank}.log") if log_dir else None
     if log_dir:
         owner_only.make_dirs(log_dir)  # a relaunch's DIR/attempt<N> is made by its ranks (0700)
