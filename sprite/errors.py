@@ -100,6 +100,25 @@ def report(err: BaseException) -> str:
     return "sprite: error: " + one_line(str(err))
 
 
+_PATH_ERRNOS = ("ENOENT", "EACCES", "EPERM", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "ELOOP", "EROFS", "EEXIST")
+
+
+def from_os_error(err: OSError) -> SpriteError:
+    """The one-line error for an OSError no command caught: a path that is missing, not what is needed there, or
+    not this user's to read or write is bad input (exit 2); any other (a full disk) is a failure (exit 1)."""
+    import errno
+
+    name = errno.errorcode.get(err.errno or 0, "")
+    where = " and ".join(repr(str(path)) for path in (err.filename, err.filename2) if path is not None)
+    what = f"{err.strerror or type(err).__name__}{': ' + where if where else ''}."
+    if name in _PATH_ERRNOS:
+        return UsageError(what, "A path given to sprite is missing, is a file where a folder is needed (or the other "
+                          "way round), or this user may not read or write it.",
+                          "Check the path and its permissions, then run the command again.")
+    return SpriteError(what, "The file system refused the operation (full, read-only or failing).",
+                       "Free space or fix the file system, then run the command again.")
+
+
 def exit_with(err: SpriteError) -> None:
     """Print ``err`` with :func:`report` on stderr and exit with its code (2 when it has none)."""
     import sys

@@ -35,6 +35,26 @@ def test_missing_script(sprite_cmd, clean_env, tmp_path):
     assert_one_line_usage_error(result, "nope.py does not exist")
 
 
+def test_a_folder_given_as_the_script_is_named_a_folder(sprite_cmd, clean_env, tmp_path):
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", str(tmp_path)], clean_env)
+    assert_one_line_usage_error(result, "is a folder, not a file")
+
+
+def test_a_path_no_command_checked_is_one_line_not_a_traceback(sprite_cmd, clean_env, tmp_path):
+    """The command line's last net (cli/app.main): an OSError on a path is bad input (exit 2) in one line; any
+    other OSError (a full disk) is a failure (exit 1)."""
+    import errno
+
+    from sprite.errors import EXIT_CHECK_FAILED, EXIT_USAGE, from_os_error
+
+    result = run_sprite(sprite_cmd, ["preflight", "--devices", "1", "--out", "/proc/sprite-no/x"], clean_env)
+    assert_one_line_usage_error(result, "No such file or directory: '/proc/sprite-no'", "Check the path")
+    denied = from_os_error(PermissionError(errno.EACCES, "Permission denied", "/locked"))
+    assert denied.exit_code == EXIT_USAGE and str(denied).startswith("Permission denied: '/locked'.")
+    full = from_os_error(OSError(errno.ENOSPC, "No space left on device", "/full/x"))
+    assert full.exit_code == EXIT_CHECK_FAILED and "Free space" in str(full)
+
+
 def test_nodes_two_in_spec_names_file_line_and_key(sprite_cmd, clean_env, spec_file):
     path = spec_file("script: SCRIPT\ndevices: 2\nnodes: two\n")
     result = run_sprite(sprite_cmd, ["run", "--dry-run", "--spec", path], clean_env)
@@ -145,3 +165,37 @@ def test_site_profile_job_block_that_is_not_a_mapping(sprite_cmd, clean_env, tmp
     profile.write_text("name: mine\njob: [1, 2]\n")
     result = run_sprite(sprite_cmd, ["run", "--dry-run", "--site", str(profile), example_script], clean_env)
     assert_one_line_usage_error(result, f"{profile}:2", "'job'", "is not a mapping")
+
+
+def test_every_commands_help_has_an_example_whose_options_it_takes():
+    """Every command and subcommand's --help shows an example, and each --option the example uses is one of that
+    command's own (an example naming a renamed or missing option would fail at once for whoever copies it)."""
+    import re
+
+    import typer
+    from typer.testing import CliRunner
+
+    from sprite.cli.app import app
+
+    def walk(command, path):
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    checked = []
+    for path, command in walk(typer.main.get_command(app), []):
+        shown = CliRunner().invoke(app, [*path, "--help"]).output
+        examples = [line.strip() for line in shown.splitlines() if re.match(r"\s*(Example: )?sprite ", line)]
+        assert examples and re.search(r"Examples?:", shown), (path, shown)
+        taken = {opt for param in command.params
+                 for opt in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]}
+        for example in examples:
+            words = example.split("#")[0].replace("Example: ", "").split()
+            rest = words[1 + len(path):]
+            if words[1:1 + len(path)] != path or (rest and rest[0] in getattr(command, "commands", {})):
+                continue  # an example of another command (a group's, of its subcommand)
+            script = next((i for i, w in enumerate(rest) if w.endswith(".py")), len(rest))  # then the script's own
+            unknown = [w.split("=")[0] for w in rest[:script] if w.startswith("--") and w.split("=")[0] not in taken]
+            assert not unknown, (path, example, unknown)
+            checked.append(example)
+    assert len(checked) >= 15, checked

@@ -64,7 +64,9 @@ def bench(
     accelerator: str = typer.Option("auto", help="auto, cpu, cuda or xpu."),
     attention: str = typer.Option("sdpa", help="Hugging Face attention: sdpa or eager."),
 ) -> None:
-    """Launch every arm at every world size, then report."""
+    """Launch every arm at every world size, then report.
+
+    Example: sprite bench run --sweep 1,2 --devices 2 --out bench-out"""
     try:
         from sprite.parity.bench.options import settings_from
 
@@ -90,7 +92,9 @@ def compare_command(
     new: pathlib.Path = typer.Argument(..., help="The later bench.json (or its --out folder)."),
     tolerance: float = typer.Option(0.05, help="Allowed slow-down as a fraction: 0.05 fails beyond 1.05x."),
 ) -> None:
-    """Exit 1 if sprite's step time in NEW regressed beyond the tolerance against OLD at any world size."""
+    """Exit 1 if sprite's step time in NEW regressed beyond the tolerance against OLD at any world size.
+
+    Example: sprite bench compare bench-old bench-new --tolerance 0.05"""
     try:
         if tolerance < 0:
             raise UsageError(f"--tolerance {tolerance} is negative.", "", "Pass a fraction such as 0.05.")

@@ -88,7 +88,9 @@ def run_command(
     json_out: bool = JSON_OUT,
 ) -> None:
     """Run every arm in warm pools of processes (or each in its own), showing their progress; then compare and
-    print the verdict."""
+    print the verdict.
+
+    Example: sprite parity run --precision bf16-mixed --out parity-bf16"""
     try:
         settings = _settings(precision.value, devices, nodes, model, accelerator.value, [f.value for f in fault or []],
                              time_limit)
@@ -121,7 +123,9 @@ app = harness("parity", run_command,
 @app.command("compare")
 def compare_command(directory: pathlib.Path = typer.Argument(..., help="The --out directory of a parity run."),
                     details: bool = DETAILS, json_out: bool = JSON_OUT):
-    """Recompute the verdict from the saved results in DIR (a copy of DIR works too)."""
+    """Recompute the verdict from the saved results in DIR (a copy of DIR works too).
+
+    Example: sprite parity compare parity-bf16 --details"""
     try:
         from sprite.parity.check.compare import compare
 

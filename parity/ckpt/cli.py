@@ -83,7 +83,9 @@ def ckpt_check(
                                               " instead of warm pools that run role after role; the killed roles"
                                               " always get their own."),
 ) -> None:
-    """Run every role (in warm pools of processes, the killed fits in their own), then compare."""
+    """Run every role (in warm pools of processes, the killed fits in their own), then compare.
+
+    Example: sprite ckpt-check run --devices 2 --out ckpt-check-out"""
     try:
         settings = settings_from(precision, devices, nodes, model, accelerator, time_limit, slots)
         out = out if out is not None else default_out("ckpt-check")
@@ -120,7 +122,9 @@ def compare_command(
     report_path: Optional[pathlib.Path] = typer.Option(None, "--report",
                                                        help="Also write the report to this new file."),
 ) -> None:
-    """Recompute the verdict from the sealed results and checkpoints in DIR; an altered one fails it."""
+    """Recompute the verdict from the sealed results and checkpoints in DIR; an altered one fails it.
+
+    Example: sprite ckpt-check compare ckpt-check-out --report again.md"""
     try:
         from sprite.parity.ckpt.compare import compare
         from sprite.parity.ckpt.report import write

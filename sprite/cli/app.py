@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from sprite.cli.options import SECONDS, WHOLE, Accelerator, Launcher, MpiFlavour, Precision, Strategy, value, version
-from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, one_line
+from sprite.errors import EXIT_USAGE, SpriteError, UsageError, exit_with, from_os_error, one_line
 
 app = typer.Typer(
     add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -225,6 +225,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(130)
     except typer.TyperException as err:  # typer's own parsing errors: unknown command, missing argument
         _parse_error(err)
+    except OSError as err:  # a path no command checked first (an unreadable folder, a missing parent): one line
+        exit_with(from_os_error(err))
     sys.exit(result if isinstance(result, int) else 0)
 
 

@@ -18,7 +18,8 @@ import typer
 from sprite.errors import EXIT_CHECK_FAILED, UsageError, report, size_text
 
 app = typer.Typer(name="ckpt", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                  help="Verify checkpoints against the manifests sprite writes when it saves them.")
+                  help="Verify checkpoints against the manifests sprite writes when it saves them.\n\n"
+                       "Example: sprite ckpt list checkpoints/")
 
 
 def _exists(path: str, what: str) -> Path:
@@ -29,7 +30,8 @@ def _exists(path: str, what: str) -> Path:
 
 
 @app.command("verify", help="Check every file of a checkpoint (a file or a folder) against its manifest: sizes"
-                            " and SHA-256. Exit 0 valid, 1 invalid (the reason is printed), 2 bad usage.")
+                            " and SHA-256. Exit 0 valid, 1 invalid (the reason is printed), 2 bad usage.\n\n"
+                            "Example: sprite ckpt verify checkpoints/last.ckpt")
 def verify(path: str = typer.Argument(..., help="checkpoint file or folder")) -> None:
     from sprite.integrity import scan as ckpt_scan
 
@@ -44,7 +46,8 @@ def verify(path: str = typer.Argument(..., help="checkpoint file or folder")) ->
 
 
 @app.command("list", help="List the checkpoints in DIR, newest first: step, epoch, size, and valid or why not."
-                          " Every file is hashed. Exit 0 even when some are invalid; 2 bad usage.")
+                          " Every file is hashed. Exit 0 even when some are invalid; 2 bad usage.\n\n"
+                          "Example: sprite ckpt list checkpoints/ --json")
 def list_command(folder: str = typer.Argument(..., help="folder holding checkpoints"),
                  json_out: bool = typer.Option(False, "--json", help="print a JSON list")) -> None:
     from sprite.integrity import scan as ckpt_scan
@@ -85,6 +88,8 @@ def consolidate_command(
     """Write one checkpoint file that torch.load reads and a 1-device Lightning fit resumes from (ckpt_path=OUT).
 
     A sprite manifest is written beside OUT; a CKPT_DIR with a sprite manifest must match it first.
+
+    Example: sprite ckpt consolidate checkpoints/last.ckpt full.ckpt
     """
     from sprite.runtime.ckpt.consolidate import consolidate
 

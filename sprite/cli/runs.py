@@ -22,6 +22,8 @@ from sprite.recovery import hang, summary
 
 HELP = """List the runs in DIR (default ./sprite-runs), or verify one run's audit trail.
 
+Examples:
+
 \b
   sprite runs                      # status, attempts, resumes, device-hours of each run
   sprite runs DIR --json

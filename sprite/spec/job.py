@@ -212,8 +212,11 @@ def check_script(job: JobSpec, doc=None) -> None:
                          "Pass SCRIPT after sprite's options, or set script: in --spec.")
     if not os.path.isfile(job.script):
         where = f"{job.origins['script']}: " if "script" in job.origins else ""
+        folder = os.path.isdir(job.script)
         raise UsageError(
-            f"{where}The training script {one_line(job.script, 300)} does not exist.",
+            f"{where}The training script {one_line(job.script, 300)} "
+            f"{'is a folder, not a file' if folder else 'does not exist'}.",
+            "The path names the script's folder, not the script." if folder else
             "The path is misspelled or relative to another folder (spec paths are relative to the spec file).",
             "Pass the path of an existing Python file.",
         )
