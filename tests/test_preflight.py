@@ -388,9 +388,17 @@ def test_the_spec_key_preflight_turns_it_on_and_is_checked_where_written(sprite_
                                                                          example_script):
     spec = tmp_path / "job.yaml"
     spec.write_text(f"script: {example_script}\npreflight: true\n")
-    planned = subprocess.run([*sprite_cmd, "run", "--spec", str(spec), "--preflight-fault", "h:hang", "--dry-run"],
-                             env=clean_env, capture_output=True, text=True, timeout=60)
+    here = json.loads(subprocess.run([*sprite_cmd, "run", "--spec", str(spec), "--dry-run", "--json"], env=clean_env,
+                                     capture_output=True, text=True, timeout=60).stdout)["env"]["SPRITE_HOSTS"]
+    planned = subprocess.run([*sprite_cmd, "run", "--spec", str(spec), "--preflight-fault", f"{here}:hang",
+                              "--dry-run"], env=clean_env, capture_output=True, text=True, timeout=60)
     assert planned.returncode == 0, planned.stderr  # the fault is accepted: the spec asked for a preflight
+    assert f"preflight: first, on 1 node(s) ({here}); negative controls: {here}:hang" in planned.stdout
+    # --dry-run checks the faults as the run would: a host the preflight does not use, a kind there is not
+    for fault, says in (("elsewhere:hang", "is not one of this preflight's hosts"), (f"{here}:bogus", "no fault kind")):
+        bad = subprocess.run([*sprite_cmd, "run", "--spec", str(spec), "--preflight-fault", fault, "--dry-run"],
+                             env=clean_env, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and says in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
     spec.write_text(f"script: {example_script}\npreflight: sometimes\n")
     bad = subprocess.run([*sprite_cmd, "run", "--spec", str(spec), "--dry-run"], env=clean_env,
                          capture_output=True, text=True, timeout=60)

@@ -155,7 +155,8 @@ def run(
     for note in launch.notes:
         print(f"sprite: {one_line(note)}", file=sys.stderr)
     if dry_run:
-        typer.echo(launch.to_json() if json_out else launch.describe())
+        ahead = checked_first.describe(launch) if checked_first is not None else None  # its faults checked too
+        typer.echo(launch.to_json() if json_out else launch.describe() + (f"\n{ahead}" if ahead else ""))
         return 0
     return entry.run_all(run_state, launch, preflight=checked_first)
 

@@ -149,15 +149,33 @@ class Preflight:
         return lambda: before_launch(run, plan, self.job, (launch_plan, settings))
 
 
-def _launch_of(run, plan, job):
-    """(output folder, flags, staged folder) of the preflight of ``plan``: every node the run may use (the
-    allocation less --exclude), on the copy ``entry.run_all`` stages first under --stage."""
+    def describe(self, plan) -> str:
+        """``--dry-run``'s line for the preflight, after checking its faults as the run would (UsageError)."""
+        from sprite.parity.preflight.settings import parse_faults
+
+        hosts = _hosts_of(plan, self.job)
+        parse_faults(self.faults, hosts, "--preflight-fault")
+        faults = f"; negative controls: {', '.join(self.faults)}" if self.faults else ""
+        return f"preflight: first, on {len(hosts)} node(s) ({', '.join(hosts[:8])}{' ...' if len(hosts) > 8 else ''})" \
+               f"{faults}"
+
+
+def _hosts_of(plan, job) -> tuple:
+    """Every node the run may use: the allocation less --exclude (this machine alone for the local launcher)."""
     from sprite.schedulers import allocation
 
+    if plan.world.launcher == "local":
+        return tuple(plan.world.hosts)
     alloc = plan.world.alloc
     if job.exclude:
         alloc = allocation.exclude(alloc, job.exclude, job.origins.get("exclude", "--exclude"))
-    nodes = str(len(alloc.hosts)) if plan.world.launcher != "local" else None
+    return tuple(alloc.hosts)
+
+
+def _launch_of(run, plan, job):
+    """(output folder, flags, staged folder) of the preflight of ``plan``: every node the run may use (the
+    allocation less --exclude), on the copy ``entry.run_all`` stages first under --stage."""
+    nodes = str(len(_hosts_of(plan, job))) if plan.world.launcher != "local" else None
     staged = plan.stage.dir if plan.stage is not None else None
     return run.path / "preflight", {**run.flags, "nodes": nodes}, staged
 
