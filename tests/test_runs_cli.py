@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,25 @@ def test_verify_passes_an_intact_trail_and_names_an_edited_or_cut_line(tmp_path)
         cli_runs.verify(torn)
     with pytest.raises(UsageError):
         cli_runs.verify(tmp_path / "nothing-here")
+    # the last line removed and run.json, which names it, damaged or removed too: not taken for intact
+    for damage in (lambda path: path.write_text("{"), os.unlink):
+        hidden = make_run(tmp_path, f"hidden-{len(os.listdir(tmp_path))}", ["node fault", "success"])
+        (hidden / rundir.AUDIT).write_bytes(b"".join(lines[:-1]))
+        damage(hidden / rundir.SUMMARY)
+        with pytest.raises(IntegrityError, match="run.json is missing or unreadable"):
+            cli_runs.verify(hidden)
+    running = make_run(tmp_path, "running", ["node fault"], finished=False)
+    rundir.write_summary(running, {"status": "running"})
+    assert cli_runs.verify(running).startswith("3 records (no completion record yet")
+    empty = rundir.create(tmp_path / "empty")
+    (empty / rundir.AUDIT).write_bytes(b"")
+    rundir.write_summary(empty, {"status": "running"})
+    with pytest.raises(IntegrityError, match="holds no record"):
+        cli_runs.verify(empty)
+    stray = tmp_path / "afile"
+    stray.write_bytes(b"")
+    with pytest.raises(UsageError, match="holds no audit trail"):
+        cli_runs.verify(stray)
 
 
 def test_the_commands_exit_codes_and_import_no_torch(tmp_path):

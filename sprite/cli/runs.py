@@ -90,12 +90,19 @@ def verify(run: Path) -> str:
     """``"N records"`` for an intact trail. Raises IntegrityError (exit 1) naming what is wrong, UsageError (exit 2)
     when ``run`` holds no audit trail."""
     trail = run / rundir.AUDIT if run.is_dir() else run
-    if not trail.is_file():
+    if not trail.is_file() or trail.name != rundir.AUDIT:
         raise UsageError(f"{run} holds no audit trail ({rundir.AUDIT}).", "It is not a sprite run folder.",
                          "Pass a folder that sprite run created (sprite runs lists them).")
     ok, reason = audit.verify(trail)
-    if ok:
-        tail = _read_json(trail.parent / rundir.SUMMARY).get("audit_tail")
+    summary_file = trail.parent / rundir.SUMMARY
+    said = _read_json(summary_file)
+    if ok and reason.startswith("0 "):
+        ok, reason = False, "it holds no record (sprite writes the launch first)"
+    elif ok and not said:  # sprite writes run.json before the first record, and rewrites it at the end
+        ok, reason = False, (f"{rundir.SUMMARY} is missing or unreadable, so lines removed from the end of the trail "
+                             "cannot be ruled out")
+    elif ok:
+        tail = said.get("audit_tail")
         tail = tail if isinstance(tail, str) else None
         try:
             found = audit.read(trail) if tail else []
@@ -106,6 +113,11 @@ def verify(run: Path) -> str:
         if tail and last != tail:
             ok, reason = False, (f"the trail ends before its completion record (run.json names {tail[:12]}..., the "
                                  f"last line is {str(last)[:12]}...): lines were removed from the end")
+        elif not tail:
+            reason += " (no completion record yet: the run is still running, or was stopped before it ended)"
+    if not ok and reason.startswith("cannot read"):
+        raise UsageError(f"The audit trail {trail} cannot be verified: {reason}.", "It is not readable by you.",
+                         "Run sprite runs verify as the run's owner.")
     if not ok:
         raise IntegrityError(f"The audit trail {trail} is not intact: {reason}.", "It was edited or truncated after"
                              " sprite wrote it.", "Keep it as evidence; the run's record cannot be trusted.")
