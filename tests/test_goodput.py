@@ -354,3 +354,33 @@ def test_keep_removes_only_this_runs_own_clock_checkpoints_once_the_newer_is_sea
                            *(Path(path).name for path in foreign)])
     assert all(integrity.verify(Path(path)).valid for path in [*foreign, away, ck / "sprite-every-step=8.ckpt"])
     assert not any(os.path.lexists(integrity.manifest_path(Path(path))) for path in earlier)
+
+
+def test_a_clock_checkpoint_never_replaces_one_this_run_did_not_save(tmp_path, monkeypatch):
+    """A second run in the same folder (--resume never) reaching the step of another run's clock checkpoint saves
+    beside it (-v1, -v2), not over it; a name this run saved itself (an earlier attempt, per its audit trail) is
+    reused."""
+    from types import SimpleNamespace
+
+    from sprite import integrity
+    from sprite.integrity import audit
+    from sprite.runtime.ckpt import cadence
+
+    run, ck = tmp_path / "run", tmp_path / "ck"
+    run.mkdir(), ck.mkdir()
+    for name in ("sprite-every-step=1.ckpt", "sprite-every-step=1-v1.ckpt", "sprite-every-step=3.ckpt"):
+        integrity.write_new(ck / name, b"another run's")
+    monkeypatch.setenv("SPRITE_RUN_DIR", str(run))
+    audit.append(run / "audit.jsonl", "checkpoint_written", path=str(ck / "sprite-every-step=3.ckpt"), step=3,
+                 verified=True)  # saved by an earlier attempt of this run
+    hook = cadence.Cadence({"SPRITE_RUN_DIR": str(run), "SPRITE_CHECKPOINT_EVERY": "20"})
+    trainer = SimpleNamespace(is_global_zero=True, world_size=1, global_step=1)
+    assert hook._name(trainer, ck) == str(ck / "sprite-every-step=1-v2.ckpt")
+    trainer.global_step = 2
+    assert hook._name(trainer, ck) == str(ck / "sprite-every-step=2.ckpt")
+    trainer.global_step = 3
+    assert hook._name(trainer, ck) == str(ck / "sprite-every-step=3.ckpt")
+    told = []
+    ranks = SimpleNamespace(is_global_zero=False, world_size=2, global_step=1,
+                            strategy=SimpleNamespace(broadcast=lambda value: told.append(value) or "rank 0's"))
+    assert hook._name(ranks, ck) == "rank 0's" and told == [None]  # the other ranks take rank 0's pick

@@ -123,7 +123,7 @@ class Cadence(Callback):
             return
         from sprite.runtime.preempt import checkpoint_folder
 
-        path = str(Path(checkpoint_folder(trainer)) / f"{PREFIX}-step={trainer.global_step}.ckpt")
+        path = self._name(trainer, Path(checkpoint_folder(trainer)))
         before = time.time()
         trainer.save_checkpoint(path)
         self.last = self.mark = time.time()
@@ -131,6 +131,22 @@ class Cadence(Callback):
         if trainer.is_global_zero and self.every == "auto":
             self._retune(self.last - before)
         self._prune(trainer)
+
+    def _name(self, trainer, folder: Path) -> str:
+        """Where this save goes, rank 0's pick on every rank: ``sprite-every-step=N.ckpt``, or ``...-vK.ckpt`` where
+        that name holds a checkpoint this run did not save (another run's, in the same folder under ``--resume
+        never``): a save replaces only this run's own."""
+        path = None
+        if trainer.is_global_zero:
+            base, version = str(folder / f"{PREFIX}-step={trainer.global_step}"), 0
+            path, ours = f"{base}.ckpt", None
+            while os.path.lexists(path):
+                ours = ours if ours is not None else {*self.mine, *self._earlier(folder)}
+                if path in ours:
+                    break
+                version += 1
+                path = f"{base}-v{version}.ckpt"
+        return trainer.strategy.broadcast(path) if trainer.world_size > 1 else path
 
     def _retune(self, stall: float) -> None:
         """Rank 0, auto: a new interval from this save's stall when it is the first or differs by over half."""
