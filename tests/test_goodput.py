@@ -384,3 +384,17 @@ def test_a_clock_checkpoint_never_replaces_one_this_run_did_not_save(tmp_path, m
     ranks = SimpleNamespace(is_global_zero=False, world_size=2, global_step=1,
                             strategy=SimpleNamespace(broadcast=lambda value: told.append(value) or "rank 0's"))
     assert hook._name(ranks, ck) == "rank 0's" and told == [None]  # the other ranks take rank 0's pick
+
+
+def test_a_preemption_checkpoint_goes_beside_another_runs_of_the_same_step(tmp_path):
+    from types import SimpleNamespace
+
+    from sprite import integrity
+    from sprite.runtime.ckpt.seal import free_name
+
+    integrity.write_new(tmp_path / "preempted-epoch=0-step=7.ckpt", b"another run's")
+    trainer = SimpleNamespace(is_global_zero=True, world_size=1)
+    base = str(tmp_path / "preempted-epoch=0-step=7")
+    assert free_name(trainer, base) == base + "-v1.ckpt"
+    fresh = str(tmp_path / "preempted-epoch=0-step=8")
+    assert free_name(trainer, fresh) == fresh + ".ckpt"

@@ -65,8 +65,10 @@ class PreemptCallback(Callback):
 
         signalled = allranks.gather(bool(preempt_signal.received))
         call._call_lightning_module_hook(trainer, "on_train_batch_end", outputs, batch, batch_idx)
-        name = f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"
-        path = Path(checkpoint_folder(trainer)) / name
+        from sprite.runtime.ckpt.seal import free_name
+
+        base = Path(checkpoint_folder(trainer)) / f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}"
+        path = Path(free_name(trainer, str(base)))  # beside, never over, another run's preemption checkpoint
         trainer.save_checkpoint(path)
         if trainer.is_global_zero:
             ranks = [rank for rank, got in enumerate(signalled) if got]

@@ -136,17 +136,10 @@ class Cadence(Callback):
         """Where this save goes, rank 0's pick on every rank: ``sprite-every-step=N.ckpt``, or ``...-vK.ckpt`` where
         that name holds a checkpoint this run did not save (another run's, in the same folder under ``--resume
         never``): a save replaces only this run's own."""
-        path = None
-        if trainer.is_global_zero:
-            base, version = str(folder / f"{PREFIX}-step={trainer.global_step}"), 0
-            path, ours = f"{base}.ckpt", None
-            while os.path.lexists(path):
-                ours = ours if ours is not None else {*self.mine, *self._earlier(folder)}
-                if path in ours:
-                    break
-                version += 1
-                path = f"{base}-v{version}.ckpt"
-        return trainer.strategy.broadcast(path) if trainer.world_size > 1 else path
+        from sprite.runtime.ckpt.seal import free_name
+
+        base = str(folder / f"{PREFIX}-step={trainer.global_step}")
+        return free_name(trainer, base, lambda: {*self.mine, *self._earlier(folder)})
 
     def _retune(self, stall: float) -> None:
         """Rank 0, auto: a new interval from this save's stall when it is the first or differs by over half."""

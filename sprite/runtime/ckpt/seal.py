@@ -48,6 +48,22 @@ def _plan(target: Path, folder: bool) -> dict:
         return {"write": str(fresh), "swap": True, "replaces": True}
 
 
+def free_name(trainer, base: str, ours=lambda: ()) -> str:
+    """``BASE.ckpt``, or ``BASE-vK.ckpt`` with the least K free, where that name holds a checkpoint not in
+    ``ours()`` (the paths this run saved): rank 0's pick, taken by every rank. sprite's own saves (the clock's,
+    the preemption's) replace only checkpoints of their own run."""
+    path = None
+    if trainer.is_global_zero:
+        path, version, known = f"{base}.ckpt", 0, None
+        while os.path.lexists(path):
+            known = known if known is not None else set(ours())
+            if path in known:
+                break
+            version += 1
+            path = f"{base}-v{version}.ckpt"
+    return trainer.strategy.broadcast(path) if trainer.world_size > 1 else path
+
+
 def _mine(written: Path, rank: int, world: int) -> list[str]:
     """The files of ``written`` that this rank wrote and hashes: ``__<rank>_*`` shards of a
     torch.distributed.checkpoint folder (torch/distributed/checkpoint/filesystem.py:690, prefix ``__{i}_``);
