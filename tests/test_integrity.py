@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import stat
@@ -286,3 +287,35 @@ def test_the_sizes_and_thread_counts_docs_checkpoints_gives_are_the_codes():
     assert dcp_write.MAX_THREADS == 4 and "up to 4 files per rank" in page
     assert dcp_read.READ_THREADS == 2 and dcp_read.SPAN_BYTES == 64 << 20
     assert "two threads read the shard files ahead in runs of up to 64 MiB" in page
+
+
+def test_replace_own_leaves_the_old_file_and_no_temporary_one_when_it_fails_and_never_follows_a_link(tmp_path,
+                                                                                                   monkeypatch):
+    """run.json and the heartbeats: a failed update left its temporary file, named by pid, and every later update
+    of that process then failed on it (run.json stayed "running"); the heartbeat's was opened through a symlink."""
+    import secrets
+
+    from sprite.contract import heartbeat
+    from sprite.integrity import writeonce
+    from sprite.recovery import rundir
+
+    rundir.write_summary(tmp_path, {"status": "running"})
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError):
+        rundir.write_summary(tmp_path, {"status": "succeeded"})
+    monkeypatch.setattr(os, "replace", real)
+    assert json.loads((tmp_path / "run.json").read_text()) == {"status": "running"}
+    rundir.write_summary(tmp_path, {"status": "succeeded"})
+    assert json.loads((tmp_path / "run.json").read_text()) == {"status": "succeeded"}
+    assert os.listdir(tmp_path) == ["run.json"]
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine")
+    beats = tmp_path / "hb"
+    beats.mkdir()
+    monkeypatch.setattr(secrets, "token_hex", lambda n: "f" * (2 * n))
+    (beats / f".rank0.json.{'f' * 12}.tmp").symlink_to(precious)
+    with pytest.raises(writeonce.IntegrityError):
+        heartbeat.write(beats, heartbeat.Beat(0, "h", 1, 2, heartbeat.TRAINING, 3, 0.0, 0))
+    assert precious.read_text() == "mine" and not (beats / "rank0.json").exists()

@@ -115,7 +115,7 @@ def verify(run: Path) -> str:
                                  f"last line is {str(last)[:12]}...): lines were removed from the end")
         elif not tail:
             reason += " (no completion record yet: the run is still running, or was stopped before it ended)"
-    if not ok and reason.startswith("cannot read"):
+    if not ok and not os.access(trail, os.R_OK):
         raise UsageError(f"The audit trail {trail} cannot be verified: {reason}.", "It is not readable by you.",
                          "Run sprite runs verify as the run's owner.")
     if not ok:

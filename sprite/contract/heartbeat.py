@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sprite import contract
+from sprite.integrity.writeonce import replace_own
 
 # What a rank is doing, in the order a fit goes through them.
 START, TRAINING, VALIDATION, SAVE, DONE = "start", "training step", "validation", "checkpoint save", "done"
@@ -58,11 +59,7 @@ def folder_from_env(env) -> Path | None:
 
 def write(where: Path, beat: Beat) -> None:
     """Replace ``rank<N>.json`` in ``where`` with ``beat``. Raises OSError when the folder is not writable."""
-    final = where / f"rank{beat.rank}.json"
-    temporary = where / f".rank{beat.rank}.{beat.pid}.tmp"
-    with open(temporary, "w") as out:
-        out.write(json.dumps(asdict(beat)))
-    os.replace(temporary, final)
+    replace_own(where / f"rank{beat.rank}.json", json.dumps(asdict(beat)).encode(), 0o644)
 
 
 BEAT_MAX = 64 << 10  # bytes of one heartbeat file read at most (a beat is about 150)

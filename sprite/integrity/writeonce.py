@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 
 from sprite.errors import SpriteError
 
@@ -34,6 +35,21 @@ def write_new(path, data: bytes, mode: int | None = 0o600, sync: bool = True) ->
     """
     with created(path, mode, sync=sync) as fd:
         write_all(fd, data)
+
+
+def replace_own(path, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``path``, a file sprite keeps up to date in a folder of its own (run.json, a heartbeat), atomically:
+    ``data`` goes to a new file of a random name beside it (never through a symlink), renamed over ``path``. A
+    failure removes that new file and leaves ``path`` as it was. Not fsynced. Raises OSError."""
+    path = os.fspath(path)
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
+    write_new(temporary, data, mode, sync=False)
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from sprite.contract import heartbeat, stacks
 from sprite.integrity import owner_only
 from sprite.errors import UsageError
 from sprite.integrity import IntegrityError, make_dir_new
+from sprite.integrity.writeonce import replace_own
 
 DEFAULT_PARENT = "sprite-runs"
 AUDIT, HEARTBEATS, SUMMARY = "audit.jsonl", "heartbeat", "run.json"
@@ -76,9 +77,4 @@ def attempt_stacks(path: Path, attempt: int) -> Path:
 
 def write_summary(path: Path, summary: dict) -> None:
     """Write ``run.json`` (sprite's own file in its own folder: replaced atomically on every update)."""
-    temporary = path / f".{SUMMARY}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(summary, out, indent=2, sort_keys=True)
-        out.write("\n")
-    os.replace(temporary, path / SUMMARY)
+    replace_own(path / SUMMARY, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
