@@ -155,7 +155,7 @@ def test_unpacking_drops_setuid_and_group_write_keeps_mtimes_and_a_link_pointing
     """docs/staging.md: modes lose setuid, setgid, sticky and group/other write; mtimes are kept; a relative link
     without .. is accepted; a fifo is refused."""
     loose, _ = _member("bin/tool")
-    loose.mode, loose.mtime = 0o6777, 1000
+    loose.mode, loose.mtime = 0o7777, 1000  # setuid, setgid and sticky
     down, _ = _member("lib/current", tarfile.SYMTYPE, "v1/mod.py")
     archive = tmp_path / "a.tar"
     archive.write_bytes(_tar((loose, b"x"), _member("lib/v1/mod.py"), (down, None)))
@@ -478,19 +478,29 @@ def test_keep_stage_leaves_the_copies_on_the_nodes(tmp_path, monkeypatch):
         assert steps == wanted
 
 
-def test_a_stage_step_that_hangs_is_stopped_with_everything_it_started():
-    """A node that hangs must not hang the run: a stage step still running after its time is stopped, the
-    processes it started too (here a shell and a child of it), and staging fails in one line."""
+def test_a_stage_step_that_hangs_is_stopped_with_everything_it_started(monkeypatch, capfd):
+    """A node that hangs must not hang the run: a stage step still running after its time (docs/staging.md: 30
+    minutes, removing the copies 5) is stopped, the processes it started too (here a shell and a child of it), and
+    staging fails in one line; removing the copies says so and goes on."""
     import time
 
     from sprite.launch.stage import run as stagerun
 
+    assert (stagerun.STEP_SECONDS, stagerun.REMOVE_SECONDS) == (1800.0, 300.0)
+    monkeypatch.setattr(stagerun, "STEP_SECONDS", 1.0)  # the default a step gets
     start = time.monotonic()
     with pytest.raises(stagerun.StageFailed, match="still running after 1 s"):
-        stagerun._step(["sh", "-c", "sleep 31.7 & sleep 31.7"], "unpack", seconds=1.0)
+        stagerun._step(["sh", "-c", "sleep 31.7 & sleep 31.7"], "unpack")
     assert time.monotonic() - start < 10
     left = subprocess.run(["pgrep", "-f", "sleep 31.7"], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
+    monkeypatch.setattr(stagerun, "STEP_SECONDS", 60.0)
+    monkeypatch.setattr(stagerun, "REMOVE_SECONDS", 1.0)  # removing the copies has a limit of its own
+    hung = stagerun.StagePlan("/x", "t", "/py", ("a",), ("sh", "-c", "sleep 31.8 & sleep 31.8", "--"), "local", "/c")
+    start = time.monotonic()
+    stagerun.unstage(hung)
+    assert time.monotonic() - start < 10 and "still running after 1 s" in capfd.readouterr().err
+    assert subprocess.run(["pgrep", "-f", "sleep 31.8"], capture_output=True, text=True).stdout == ""
 
 
 def test_a_sigterm_to_sprite_while_a_stage_step_runs_ends_the_step_too():
@@ -785,3 +795,57 @@ def test_stage_under_srun_leaves_an_excluded_node_out_and_the_kept_node_reads_th
     record = _stage_record(tmp_path / "run")
     assert record["broadcast"] == "read" and record["shared_folder"] is False and record["hosts"] == 1, record
     assert "sbcast" not in done.stderr and not os.path.exists(stage_dir), done.stderr[-3000:]
+
+
+def test_a_site_profiles_job_block_can_stage_by_default_into_its_stage_root(tmp_path):
+    """docs/staging.md: a site profile gives `stage: auto` under `job:` as a default, and `stage_root` for where
+    `auto` makes its folder (else $TMPDIR, else /tmp); a flag still turns it off."""
+    from sprite.launch.plan import plan_run
+
+    site = tmp_path / "site.yaml"
+    site.write_text("name: ssd\nscheduler: none\njob:\n  stage: auto\n  accelerator: cpu\nstage_root: /local/ssd\n")
+    (tmp_path / "t.py").write_text("print(1)\n")
+    env = _env({"TMPDIR": str(tmp_path / "tmp")})
+    plan = plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1"}, env)
+    assert re.fullmatch(r"/local/ssd/sprite-stage-[0-9a-f]{16}", plan.stage.dir), plan.stage.dir
+    assert plan.stage.python in plan.argv  # the ranks run the staged interpreter
+    site.write_text("name: plain\nscheduler: none\njob:\n  stage: auto\n  accelerator: cpu\n")
+    plan = plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1"}, env)
+    assert plan.stage.dir.startswith(str(tmp_path / "tmp") + "/sprite-stage-")
+    off = plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1", "stage": "off"}, env)
+    assert off.stage is None
+
+
+def test_the_copper_route_starts_copper_reads_through_its_view_and_stops_it(tmp_path, monkeypatch):
+    """docs/staging.md, ALCF Copper (not available here: the steps are FAKES that record their argv): with the site
+    profile's `copper: .../launch_copper.sh`, sprite runs it, every node unpacks the archive read through Copper's
+    view (/tmp/$USER/copper/<archive path>), and at the end the copies go and `stop_copper.sh` runs."""
+    from sprite.launch.plan import plan_run
+    from sprite.launch.stage import run as stagerun
+
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x1\nx2\n")
+    site = tmp_path / "aurora-like.yaml"
+    site.write_text("name: copperish\nscheduler: pbs\nmpi: pals\ncopper: /soft/copper/launch_copper.sh\n"
+                    "job:\n  accelerator: cpu\n")
+    (tmp_path / "t.py").write_text("print(1)\n")
+    env = _env({"PBS_JOBID": "5.sim", "PBS_NODEFILE": str(nodefile), "USER": "alice"})
+    plan = plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1", "nodes": "2",
+                     "stage": "/local/stage"}, env).stage
+    assert plan.broadcast == "copper" and plan.copper == ("/soft/copper/launch_copper.sh",
+                                                          "/soft/copper/stop_copper.sh")
+    ran = []
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setattr(stagerun, "cached_archive", lambda *a: ("/home/alice/.cache/env.tar", "e" * 64, 9, True))
+    monkeypatch.setattr(stagerun.source, "walk", lambda src: [])
+    monkeypatch.setattr(stagerun.source, "fingerprint", lambda src, files: "f" * 64)
+    monkeypatch.setattr(stagerun, "_step", lambda argv, what, seconds=None: ran.append(list(argv)) or "")
+    assert stagerun.stage(plan)["broadcast"] == "copper"
+    assert ran[0] == ["/soft/copper/launch_copper.sh"]
+    assert ran[1][:len(plan.per_node)] == list(plan.per_node) and ran[1][len(plan.per_node):] == [
+        "unpack", "--dir", "/local/stage", "--token", plan.token, "--archive",
+        "/tmp/alice/copper/home/alice/.cache/env.tar", "--sha256", "e" * 64]
+    ran.clear()
+    stagerun.unstage(plan)
+    assert ran[0][len(plan.per_node):len(plan.per_node) + 1] == ["remove"]
+    assert ran[1] == ["/soft/copper/stop_copper.sh"]

@@ -27,6 +27,20 @@ def test_heartbeat_interval_is_a_tenth_of_the_timeout_within_bounds():
     assert heartbeat_seconds(Limits.from_options(1800)) == 30.0
 
 
+def test_sprite_reads_the_heartbeats_as_docs_long_runs_says(tmp_path):
+    """Every 15 s without --stall-timeout; with one, every twentieth of it, between 0.25 s and 15 s."""
+    from types import SimpleNamespace
+
+    from sprite.recovery.attempt import Watcher
+
+    def poll(limits):
+        return Watcher(SimpleNamespace(limits=limits), tmp_path, 2).poll
+
+    assert poll(None) == 15.0
+    assert poll(Limits.from_options(60)) == 3.0 and poll(Limits.from_options(2)) == 0.25
+    assert poll(Limits.from_options(600)) == 15.0 and poll(Limits.from_options(3600)) == 15.0
+
+
 def test_summary_groups_ranks_by_phase_and_step():
     beats = {0: beat(0, 3, heartbeat.SAVE), **{r: beat(r, 4) for r in (1, 2, 3)}}
     assert summarize(beats, 4) == ("rank 0 on h1 in checkpoint save at step 3; "
