@@ -55,6 +55,17 @@ def test_a_path_no_command_checked_is_one_line_not_a_traceback(sprite_cmd, clean
     assert full.exit_code == EXIT_CHECK_FAILED and "Free space" in str(full)
 
 
+def test_resuming_a_checkpoint_sprite_did_not_seal_is_refused_before_any_rank_starts(sprite_cmd, clean_env,
+                                                                                      tmp_path, example_script):
+    """The ranks refuse a checkpoint without a manifest (its pickle is never loaded): refused at once instead, in
+    one line, exit 2, before Lightning starts on every rank."""
+    foreign = tmp_path / "model.ckpt"
+    foreign.write_bytes(b"not sprite's")
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", "--resume", str(foreign), example_script], clean_env)
+    assert_one_line_usage_error(result, f"--resume {foreign}: the checkpoint has no sprite manifest",
+                                "--resume auto")
+
+
 def test_nodes_two_in_spec_names_file_line_and_key(sprite_cmd, clean_env, spec_file):
     path = spec_file("script: SCRIPT\ndevices: 2\nnodes: two\n")
     result = run_sprite(sprite_cmd, ["run", "--dry-run", "--spec", path], clean_env)

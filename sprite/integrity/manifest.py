@@ -85,9 +85,9 @@ def read_manifest(target) -> dict:
     try:
         body = canonical.unseal(records.read(path, records.MANIFEST_MAX))
     except FileNotFoundError:
-        raise IntegrityError(f"{target} has no manifest ({path.name}).", "The save did not finish (the job was"
-                             " killed or failed while writing) or the manifest was removed.", "Use another"
-                             " checkpoint.") from None
+        raise IntegrityError(f"{target} has no manifest ({path.name}).", "It was not saved under sprite, its save"
+                             " did not finish (the job was killed or failed while writing), or the manifest was"
+                             " removed.", "Use another checkpoint.") from None
     except (OSError, ValueError) as err:
         raise IntegrityError(f"The manifest {path} is unreadable: {getattr(err, 'strerror', None) or err}.",
                              "It was edited or damaged after the save.", "Use another checkpoint.") from None

@@ -242,10 +242,19 @@ def assemble(flags: dict, spec_file: str | None = None, environ: Mapping[str, st
 
 def check_resume(job: JobSpec) -> None:
     """Raise UsageError unless ``resume`` is never, auto or an existing checkpoint (a file or a folder)."""
-    if job.resume not in contract.RESUME_MODES and not os.path.exists(job.resume):
+    if job.resume in contract.RESUME_MODES:
+        return
+    if not os.path.exists(job.resume):
         raise UsageError(f"{job.blame('resume')}: no such checkpoint.", "The path is misspelled, or relative to"
                          " another folder (spec paths are relative to the spec file).",
                          "Pass never, auto, or the path of an existing checkpoint file or folder.")
+    from sprite.integrity import manifest_path
+
+    if not os.path.lexists(manifest_path(job.resume)):  # the ranks would refuse it after starting Lightning
+        raise UsageError(f"{job.blame('resume')}: the checkpoint has no sprite manifest "
+                         f"({manifest_path(job.resume).name}).", "It was not saved under sprite run, or its save was"
+                         " cut short; sprite resumes only from checkpoints it sealed, since loading one runs its "
+                         "pickle.", "Pass a checkpoint sprite saved (sprite ckpt list shows them), or --resume auto.")
 
 
 def context(environ: Mapping[str, str], run_env: Mapping[str, str] | None = None) -> Context:

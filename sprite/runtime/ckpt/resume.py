@@ -101,7 +101,7 @@ def _chosen(entry: ckpt_scan.Entry) -> dict:
 
 def _refused(wanted: str, reason: str) -> dict:
     trail.audit("checkpoint_skipped", path=wanted, reason=reason)
-    return {"error": (f"--resume {wanted}: the checkpoint is not valid: {reason}.",
+    return {"error": (f"--resume {wanted}: the checkpoint is not valid: {reason.rstrip('.')}.",
                       "The save was cut short or the checkpoint was changed afterwards.",
                       "Pass another checkpoint, or --resume auto to take the newest valid one.")}
 
