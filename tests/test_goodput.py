@@ -186,6 +186,7 @@ def test_young_daly_is_the_square_root_of_twice_the_save_cost_times_the_mtbf():
     (["--checkpoint-every", "auto"], "needs the mean time between failures"),
     (["--checkpoint-every", "3x"], "is not a duration"),
     (["--keep", "3"], "saves none"),
+    (["--mtbf", "1h"], "Add --checkpoint-every auto, or drop --mtbf"),  # a site profile's alone is unused
     (["--checkpoint-every", "1h", "--keep", "0"], "--keep"),
 ])
 def test_bad_cadence_flags_exit_2_with_the_fix(flags, words, tmp_path):

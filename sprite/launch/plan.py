@@ -137,12 +137,17 @@ def environment(spec: JobSpec, site: SiteProfile, world: World, ctx: Context) ->
 
 def cadence_env(spec: JobSpec) -> dict:
     """The ``--checkpoint-every`` variables (none without it; an ``mtbf`` alone, e.g. a site profile's, is
-    unused). Raises UsageError for ``auto`` without an MTBF, or ``--keep`` without a cadence."""
+    unused). Raises UsageError for ``auto`` without an MTBF, or ``--keep`` or ``--mtbf`` given as a flag without a
+    cadence."""
     if spec.checkpoint_every is None:
         if spec.keep is not None:
             raise UsageError(f"{spec.blame('keep')} keeps sprite's own checkpoints, and it saves none.",
                              "It only applies with --checkpoint-every.",
                              "Add --checkpoint-every DURATION (or auto), or drop it.")
+        if spec.mtbf is not None and "mtbf" not in spec.origins:  # the flag itself, not a profile's default
+            raise UsageError(f"{spec.blame('mtbf')} sets the checkpoint interval of --checkpoint-every auto, and "
+                             "there is none.", "It only applies with --checkpoint-every auto.",
+                             "Add --checkpoint-every auto, or drop --mtbf.")
         return {}
     if spec.checkpoint_every == "auto" and spec.mtbf is None:
         raise UsageError(f"{spec.blame('checkpoint_every')} needs the mean time between failures.",
