@@ -803,17 +803,26 @@ def test_a_site_profiles_job_block_can_stage_by_default_into_its_stage_root(tmp_
     from sprite.launch.plan import plan_run
 
     site = tmp_path / "site.yaml"
-    site.write_text("name: ssd\nscheduler: none\njob:\n  stage: auto\n  accelerator: cpu\nstage_root: /local/ssd\n")
+    ssd = tmp_path / "local-ssd"
+    ssd.mkdir()
+    site.write_text(f"name: ssd\nscheduler: none\njob:\n  stage: auto\n  accelerator: cpu\nstage_root: {ssd}\n")
     (tmp_path / "t.py").write_text("print(1)\n")
     env = _env({"TMPDIR": str(tmp_path / "tmp")})
+    (tmp_path / "tmp").mkdir()
     plan = plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1"}, env)
-    assert re.fullmatch(r"/local/ssd/sprite-stage-[0-9a-f]{16}", plan.stage.dir), plan.stage.dir
+    assert re.fullmatch(re.escape(str(ssd)) + r"/sprite-stage-[0-9a-f]{16}", plan.stage.dir), plan.stage.dir
     assert plan.stage.python in plan.argv  # the ranks run the staged interpreter
     site.write_text("name: plain\nscheduler: none\njob:\n  stage: auto\n  accelerator: cpu\n")
     plan = plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1"}, env)
     assert plan.stage.dir.startswith(str(tmp_path / "tmp") + "/sprite-stage-")
     off = plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1", "stage": "off"}, env)
     assert off.stage is None
+    # staging here: a folder whose parent is gone is refused before anything is packed
+    with pytest.raises(UsageError, match="cannot be made here: .*gone is not a folder this user may write"):
+        plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1",
+                  "stage": str(tmp_path / "gone" / "stage")}, env)
+    with pytest.raises(UsageError, match="too long a path"):
+        plan_run({"script": str(tmp_path / "t.py"), "devices": "1", "stage": "/tmp/" + "a" * 300}, env)
 
 
 def test_the_copper_route_starts_copper_reads_through_its_view_and_stops_it(tmp_path, monkeypatch):

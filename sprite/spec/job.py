@@ -123,6 +123,9 @@ def stage_place(value: Any, complain: Complain) -> str:
     if not os.path.isabs(text) or os.path.normpath(text) == "/":
         raise complain(f"{show(value)} is not an absolute folder path below / (a node-local one, e.g. "
                        "/tmp/stage).", STAGE_ALLOWED)
+    if len(text.encode()) > 3800 or any(len(part.encode()) > 200 for part in text.split("/")):
+        raise complain(f"{show(value)} is too long a path: a name of over 200 bytes, or over 3800 in all (the "
+                       "staged files are deeper still).", STAGE_ALLOWED)
     return os.path.normpath(text)
 
 

@@ -65,6 +65,16 @@ def folder(where: str, token: str, root: str | None, environ: Mapping[str, str])
     return os.path.join(base, f"sprite-stage-{token}")
 
 
+def _check_here(stage_dir: str) -> None:
+    """Staging on this machine: the folder's parent must be a folder this user may write (checked before anything
+    is packed). Raises UsageError."""
+    parent = os.path.dirname(stage_dir)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--stage: the stage folder {stage_dir} cannot be made here: {parent} is not a folder this "
+                         "user may write.", "The path is misspelled, or $TMPDIR (for auto) names a folder that is "
+                         "gone.", "Pass --stage auto or a folder below one you may write (e.g. /tmp/stage).")
+
+
 def interpreter(stage_dir: str) -> str:
     """The staged interpreter: the rebuilt venv's, or a conda environment's own (``source.py`` says which)."""
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
@@ -117,6 +127,7 @@ def build(spec, site, world, python: str, environ: Mapping[str, str], run_env: M
     hosts = alloc.hosts  # every usable host, spare ones too (a retry may move onto them)
     if alloc.scheduler == "none" or world.flavour == "local":
         broadcast, hosts = "local", world.hosts
+        _check_here(stage_dir)
     elif world.flavour == "srun":
         # sbcast writes to every node of the job: where a node is left out (--exclude, a node the preflight found
         # failing), each kept node reads the archive instead, as under mpiexec.
