@@ -210,3 +210,28 @@ def test_every_commands_help_has_an_example_whose_options_it_takes():
             assert not unknown, (path, example, unknown)
             checked.append(example)
     assert len(checked) >= 15, checked
+
+
+def test_an_unreadable_spec_and_an_empty_checkpoint_path_say_what_is_wrong(sprite_cmd, clean_env, tmp_path,
+                                                                          monkeypatch):
+    """An unreadable spec was blamed on a wrong path; `sprite ckpt verify ""` said " does not exist"."""
+    import errno
+    import os
+
+    from sprite.errors import UsageError
+    from sprite.spec import yamldoc
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text("script: t.py\n")
+    monkeypatch.setattr(os, "open", lambda *a, **k: (_ for _ in ()).throw(PermissionError(errno.EACCES,
+                                                                                           "Permission denied")))
+    with pytest.raises(UsageError, match="Permission denied. This user may not read the file. Fix its permissions"):
+        yamldoc.load(str(spec))
+    monkeypatch.undo()
+    result = run_sprite(sprite_cmd, ["ckpt", "verify", ""], clean_env)
+    assert_one_line_usage_error(result, "sprite ckpt verify was given an empty path")
+
+
+def test_sprite_env_names_a_bad_sprite_site_variable(sprite_cmd, clean_env):
+    result = run_sprite(sprite_cmd, ["env"], {**clean_env, "SPRITE_SITE": "bogus"})
+    assert_one_line_usage_error(result, "SPRITE_SITE=bogus: Unknown site 'bogus'")

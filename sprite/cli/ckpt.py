@@ -23,6 +23,8 @@ app = typer.Typer(name="ckpt", no_args_is_help=True, add_completion=False, rich_
 
 
 def _exists(path: str, what: str) -> Path:
+    if not path:
+        raise UsageError(f"sprite ckpt {what} was given an empty path.", "", "Pass a checkpoint file or folder.")
     if not os.path.lexists(path):
         raise UsageError(f"{path} does not exist.", f"sprite ckpt {what} needs an existing path.",
                          "Check the path (a checkpoint file or folder, or the folder holding them).")

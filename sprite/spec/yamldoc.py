@@ -124,6 +124,9 @@ def read_limited(path: Path, limit: int) -> bytes:
                 raise UsageError(f"{show(str(path))} is not a regular file.", "A device, pipe or folder "
                                  "was named.", "Pass a YAML file.")
             data = handle.read(limit + 1)
+    except PermissionError as err:
+        raise UsageError(f"Cannot read {show(str(path))}: {err.strerror}.", "This user may not read the file.",
+                         "Fix its permissions (chmod u+r) or pass a copy you may read.") from None
     except OSError as err:
         raise UsageError(f"Cannot read {show(str(path))}: {err.strerror}.",
                          "The path is wrong or relative to another folder.", "Pass an existing YAML file.") from None
