@@ -89,6 +89,13 @@ def test_ckpt_verify_and_list_exit_codes(tmp_path, capsys):
     assert code == 0 and "valid:" in out and "step 3" in out
     code, _, err = _cli(["ckpt", "verify", str(bad)], capsys)
     assert code == 1 and "epoch=0-step=6.ckpt does not match its SHA-256" in err and len(err.splitlines()) == 1
+    assert "It was cut short or changed after the save. Use another" in err and ".." not in err
+    foreign = tmp_path / "foreign.pt"
+    foreign.write_bytes(b"not sprite's")
+    code, _, err = _cli(["ckpt", "verify", str(foreign)], capsys)
+    assert code == 1 and "has no manifest (foreign.pt.sprite-manifest.json). It was not saved under sprite" in err
+    assert ".." not in err and len(err.splitlines()) == 1
+    foreign.unlink()
     assert _cli(["ckpt", "verify", str(tmp_path / "nope")], capsys)[0] == 2
     assert _cli(["ckpt", "list", str(good)], capsys)[0] == 2
     code, out, _ = _cli(["ckpt", "list", str(tmp_path), "--json"], capsys)

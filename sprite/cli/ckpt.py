@@ -41,8 +41,11 @@ def verify(path: str = typer.Argument(..., help="checkpoint file or folder")) ->
     if not entry.valid:
         from sprite.integrity import IntegrityError
 
-        print(report(IntegrityError(f"invalid checkpoint: {entry.reason}.", "It was cut short or changed after"
-                                    " the save.", "Use another checkpoint.")), file=sys.stderr, flush=True)
+        unsealed = "has no manifest" in entry.reason
+        cause = ("It was not saved under sprite, or its save was cut short." if unsealed else
+                 "It was cut short or changed after the save.")
+        print(report(IntegrityError(f"invalid checkpoint: {entry.reason.rstrip('.')}.", cause,
+                                    "Use another checkpoint.")), file=sys.stderr, flush=True)
         raise typer.Exit(EXIT_CHECK_FAILED)
     typer.echo(f"valid: {path} (step {entry.step}, epoch {entry.epoch}, {size_text(entry.size)})")
 
