@@ -144,7 +144,7 @@ def test_help_shows_an_example(sprite_cmd, clean_env, command, example):
     (["qsub"], "Missing argument 'spec'. See 'sprite qsub --help'"),
     (["nosuch"], "No such command 'nosuch'"),
     (["env", "--bogus"], "No such option: --bogus."),
-    (["run", "--nodes"], "'--nodes' requires an argument"),
+    (["run", "--nodes"], "'--nodes' requires an argument. See 'sprite run --help'"),
     (["run", "--bogus", "train.py"], "sprite run has no option --bogus."),
 ])
 def test_parsing_errors_are_one_line(sprite_cmd, clean_env, args, fragment):

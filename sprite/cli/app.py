@@ -225,18 +225,21 @@ def main(argv: Optional[List[str]] = None) -> None:
         print("sprite: aborted", file=sys.stderr)
         sys.exit(130)
     except typer.TyperException as err:  # typer's own parsing errors: unknown command, missing argument
-        _parse_error(err)
+        _parse_error(err, sys.argv[1:] if argv is None else argv)
     except OSError as err:  # a path no command checked first (an unreadable folder, a missing parent): one line
         exit_with(from_os_error(err))
     sys.exit(result if isinstance(result, int) else 0)
 
 
-def _parse_error(err: typer.TyperException) -> None:
+def _parse_error(err: typer.TyperException, argv: List[str]) -> None:
     """Print a typer parsing error as one line (or the help, when no arguments were given) and exit 2."""
     message = err.format_message()
     if "\n" in message:  # a command given no arguments answers with its help text
         print(message, file=sys.stderr)
     else:
         command = err.ctx.command_path if getattr(err, "ctx", None) else "sprite"
+        names = typer.main.get_command(app).commands if command == "sprite" else {}
+        if argv and argv[0] in names:  # an option of a command missing its value: typer names no command
+            command = f"sprite {argv[0]}"
         print(f"sprite: error: {one_line(message.rstrip('.'))}. See '{command} --help' for usage.", file=sys.stderr)
     sys.exit(EXIT_USAGE)
