@@ -296,7 +296,6 @@ def test_replace_own_leaves_the_old_file_and_no_temporary_one_when_it_fails_and_
     import secrets
 
     from sprite.contract import heartbeat
-    from sprite.integrity import writeonce
     from sprite.recovery import rundir
 
     rundir.write_summary(tmp_path, {"status": "running"})
@@ -315,7 +314,7 @@ def test_replace_own_leaves_the_old_file_and_no_temporary_one_when_it_fails_and_
     beats = tmp_path / "hb"
     beats.mkdir()
     monkeypatch.setattr(secrets, "token_hex", lambda n: "f" * (2 * n))
-    (beats / f".rank0.json.{'f' * 12}.tmp").symlink_to(precious)
-    with pytest.raises(writeonce.IntegrityError):
+    (beats / f".rank0.{'f' * 12}.tmp").symlink_to(precious)
+    with pytest.raises(FileExistsError):
         heartbeat.write(beats, heartbeat.Beat(0, "h", 1, 2, heartbeat.TRAINING, 3, 0.0, 0))
     assert precious.read_text() == "mine" and not (beats / "rank0.json").exists()

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sprite import contract
-from sprite.integrity.writeonce import replace_own
 
 # What a rank is doing, in the order a fit goes through them.
 START, TRAINING, VALIDATION, SAVE, DONE = "start", "training step", "validation", "checkpoint save", "done"
@@ -59,7 +59,18 @@ def folder_from_env(env) -> Path | None:
 
 def write(where: Path, beat: Beat) -> None:
     """Replace ``rank<N>.json`` in ``where`` with ``beat``. Raises OSError when the folder is not writable."""
-    replace_own(where / f"rank{beat.rank}.json", json.dumps(asdict(beat)).encode(), 0o644)
+    # A new file of a random name (never through a symlink), renamed over the old beat; removed if that fails.
+    # (sprite.integrity.writeonce.replace_own does the same for the launcher half; contract may not import it.)
+    temporary = where / f".rank{beat.rank}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(asdict(beat)))
+        os.replace(temporary, where / f"rank{beat.rank}.json")
+    except BaseException:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        raise
 
 
 BEAT_MAX = 64 << 10  # bytes of one heartbeat file read at most (a beat is about 150)
