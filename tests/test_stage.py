@@ -818,9 +818,11 @@ def test_a_site_profiles_job_block_can_stage_by_default_into_its_stage_root(tmp_
     off = plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1", "stage": "off"}, env)
     assert off.stage is None
     # staging here: a folder whose parent is gone is refused before anything is packed
-    with pytest.raises(UsageError, match="cannot be made here: .*gone is not a folder this user may write"):
-        plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1",
-                  "stage": str(tmp_path / "gone" / "stage")}, env)
+    for where, says in ((tmp_path / "gone" / "stage", "cannot be made: .*gone is gone"),
+                        ("/proc/sprite-stage", "is under /proc, a kernel file system")):
+        with pytest.raises(UsageError, match=says):
+            plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1", "stage": str(where)},
+                     env)
     with pytest.raises(UsageError, match="too long a path"):
         plan_run({"script": str(tmp_path / "t.py"), "devices": "1", "stage": "/tmp/" + "a" * 300}, env)
 

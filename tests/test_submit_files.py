@@ -169,6 +169,17 @@ def test_an_output_folder_that_cannot_hold_files_is_one_line(tmp_path, fake_bin,
     assert (tmp_path / "afile").read_text() == "mine\n"
 
 
+def test_a_rank_log_folder_the_run_would_refuse_is_refused_before_the_job_is_queued(tmp_path, fake_bin):
+    """sprite run --spec refuses such a log_dir at once; the job script's run would do it after the queue wait."""
+    fake_client(fake_bin, "sbatch", "echo 1\n")
+    spec = write_spec(tmp_path)
+    body = yaml.safe_load(Path(spec).read_text())
+    Path(spec).write_text(yaml.safe_dump({**body, "log_dir": "/proc/sprite-logs"}))
+    with pytest.raises(UsageError) as caught:
+        submit.prepare(spec, "slurm", cwd=str(tmp_path))
+    assert "key 'log_dir'" in report(caught.value) and "under /proc, a kernel file system" in report(caught.value)
+
+
 def test_an_unwritable_output_folder_is_one_line(tmp_path, fake_bin, monkeypatch):
     fake_client(fake_bin, "sbatch", "echo 1\n")
     locked = tmp_path / "locked"

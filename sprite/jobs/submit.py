@@ -126,6 +126,10 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     passed = tuple(dict.fromkeys((*literals, *job.pass_env, *job.secrets)))
     block = replace(scheduler_block.resolve(kind, doc, site, job, cwd), pass_env=passed)
     jobfiles.check_output_folder(block.output_dir)  # as submit() will: the dry run refuses what the submit would
+    if job.log_dir:  # as the job's sprite run will, after waiting in the queue
+        from sprite.launch import ranklog
+
+        ranklog.check(job.log_dir, job.blame("log_dir"))
     warning = scheduler_block.check_account(block, site, doc)
     python = block.python or sys.executable
     devices = jobscript.ranks_per_node(job, site)

@@ -68,11 +68,14 @@ def folder(where: str, token: str, root: str | None, environ: Mapping[str, str])
 def _check_here(stage_dir: str) -> None:
     """Staging on this machine: the folder's parent must be a folder this user may write (checked before anything
     is packed). Raises UsageError."""
+    from sprite.launch import folders
+
     parent = os.path.dirname(stage_dir)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--stage: the stage folder {stage_dir} cannot be made here: {parent} is not a folder this "
-                         "user may write.", "The path is misspelled, or $TMPDIR (for auto) names a folder that is "
-                         "gone.", "Pass --stage auto or a folder below one you may write (e.g. /tmp/stage).")
+    why = folders.problem(stage_dir) or (None if os.path.isdir(parent) else f"cannot be made: {parent} is gone")
+    if why:
+        raise UsageError(f"--stage: the stage folder {stage_dir} {why}.", "The path is misspelled, or $TMPDIR (for "
+                         "auto) names a folder that is gone.", "Pass --stage auto or a folder below one you may write "
+                         "(e.g. /tmp/stage).")
 
 
 def interpreter(stage_dir: str) -> str:
