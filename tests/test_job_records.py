@@ -88,6 +88,8 @@ def test_dry_run_shows_the_launch_inside_the_job(tmp_path):
 def test_site_that_requires_an_account_refuses_or_warns(tmp_path):
     with pytest.raises(SpecError, match=r"scheduler\.account.*aurora charges every job to one"):
         submit.prepare(write_spec(tmp_path, "aurora", {"walltime": "00:10:00"}), "pbs", cwd=str(tmp_path))
+    with pytest.raises(SpecError, match=r"scheduler\.account.*polaris charges every job to one"):  # docs/jobs.md
+        submit.prepare(write_spec(tmp_path, "polaris", {"walltime": "00:10:00"}), "pbs", cwd=str(tmp_path))
     warned = submit.prepare(write_spec(tmp_path, "perlmutter", {"walltime": "00:10:00"}), "slurm",
                             cwd=str(tmp_path))
     assert len(warned.warnings) == 1 and "charged to your default project" in warned.warnings[0]

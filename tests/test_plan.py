@@ -172,6 +172,17 @@ def test_local_plan_uses_supervisor_and_loopback(clean_env, example_script):
     assert 1024 <= int(plan.env["MASTER_PORT"]) <= 65535
 
 
+def test_flags_override_the_spec(clean_env, example_script, tmp_path):
+    """docs/run.md: --spec FILE, flags override it (key by key; the spec's other keys stay)."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"script: {example_script}\ndevices: 2\nstrategy: ddp\nprecision: bf16-mixed\n")
+    from_spec = plan_run({}, clean_env, spec_file=str(spec))
+    assert from_spec.env["WORLD_SIZE"] == "2" and from_spec.env[contract.STRATEGY] == "ddp"
+    plan = plan_run({"devices": "1", "strategy": "auto"}, clean_env, spec_file=str(spec))
+    assert plan.env["WORLD_SIZE"] == "1" and plan.env[contract.STRATEGY] == "auto"
+    assert plan.env[contract.PRECISION] == "bf16-mixed"
+
+
 def test_other_flavours(clean_env, slurm_env, example_script):
     hydra = plan_run({"script": example_script, "devices": 2, "launcher": "mpiexec"}, clean_env)
     assert hydra.argv[:6] == ["mpiexec", "-prepend-rank", "-n", "2", "-ppn", "2"]

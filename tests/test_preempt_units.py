@@ -250,6 +250,21 @@ def test_the_local_supervisor_lets_every_rank_stop_for_preemption(tmp_path):
     assert "stopping the other ranks" not in done.stderr
 
 
+def test_the_local_supervisor_stops_ranks_still_running_60_s_after_one_stopped_for_preemption(monkeypatch, capfd):
+    """docs/run.md: a rank that exits 75 is no failure, and the others get 60 s to stop the same way; one still
+    running then is stopped, and the launch exits 75."""
+    from sprite.launch import supervisor
+
+    assert supervisor.PREEMPT_WAIT == 60.0
+    monkeypatch.setattr(supervisor, "PREEMPT_WAIT", 0.5)
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(75)"]),
+             subprocess.Popen(["sleep", "33.3"], start_new_session=True)]
+    start = time.monotonic()
+    assert supervisor.supervise(procs, []) == EXIT_PREEMPTED
+    assert time.monotonic() - start < 15 and procs[1].wait(10) is not None
+    assert "ran on 0 s after one stopped for preemption" in capfd.readouterr().err
+
+
 def test_the_preemption_save_goes_where_resume_auto_looks(tmp_path):
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint

@@ -104,6 +104,7 @@ def test_an_interrupt_before_the_client_runs_removes_what_it_wrote(tmp_path, fak
 def test_a_hung_client_is_stopped_with_everything_it_started(tmp_path, fake_bin, monkeypatch):
     pid_file = tmp_path / "sleeper.pid"
     fake_client(fake_bin, "sbatch", f"sleep 120 &\necho $! > {pid_file}\nwait\n")
+    assert clients.TIMEOUT == 60.0  # docs/jobs.md: every client call gets 60 s
     monkeypatch.setattr(clients, "TIMEOUT", 1.0)
     prepared = submit.prepare(write_spec(tmp_path), "slurm", cwd=str(tmp_path))
     start = time.monotonic()
