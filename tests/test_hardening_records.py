@@ -106,6 +106,40 @@ def test_a_resealed_crafted_metadata_is_invalid_and_never_unpickled(sprite_cmd, 
     assert chosen is None and found == 1 and "posix.mkdir" in skipped[0].reason and not marker.exists()
 
 
+@pytest.mark.slow
+def test_a_resealed_crafted_checkpoint_never_runs_its_pickle_under_resume_whatever_torch_is_told(sprite_cmd,
+                                                                                                tmp_path):
+    """A manifest is an unkeyed hash: someone who can write the checkpoint folder can seal a crafted pickle. Under
+    --resume sprite loads it with weights_only=True given outright, which TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+    cannot turn off (it did: the pickle ran), and a script's fit(weights_only=False) is refused in one line."""
+    from conftest import sprite_free_env
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "ck" / "epoch=9-step=999.ckpt"
+    evil.parent.mkdir()
+    integrity.write_new(evil, pickle.dumps({"state_dict": Crafted(marker)}))
+    integrity.seal(evil, {"step": 999, "epoch": 9})
+    example = (Path(__file__).resolve().parents[1] / "examples" / "train.py").read_text()
+    call = "trainer.fit(model, DataLoader(make_data(), batch_size=args.batch_size))"
+    assert call in example
+    plain, asking = tmp_path / "train.py", tmp_path / "train_unsafe.py"
+    plain.write_text(example)
+    asking.write_text(example.replace(call, call[:-1] + ", weights_only=False)"))
+
+    def resume(script, **env):
+        return subprocess.run([*sprite_cmd, "run", "--devices", "1", "--accelerator", "cpu", "--resume", str(evil),
+                               str(script), "--max-steps", "2"], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path, env={**sprite_free_env(), **env})
+
+    forced = resume(plain, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    assert forced.returncode != 0 and not marker.exists(), forced.stderr[-3000:]
+    assert "Weights only load failed" in forced.stderr, forced.stderr[-3000:]
+    unsafe = resume(asking)
+    assert unsafe.returncode == 2 and not marker.exists(), unsafe.stderr[-3000:]
+    said = [line for line in unsafe.stderr.splitlines() if "sprite: error:" in line]
+    assert said and "Trainer.fit(weights_only=False)" in said[0] and "add_safe_globals" in said[0], said
+
+
 def test_sprites_reader_unpickles_torchs_metadata_and_refuses_a_crafted_one(tmp_path):
     import torch.distributed.checkpoint as dcp
 

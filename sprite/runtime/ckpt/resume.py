@@ -138,10 +138,16 @@ def resolve(trainer, wanted: str, rejected: list | None = None):
 
 def _resume(resume_start, connector, wanted: str, weights_only):
     """``resume_start`` with the checkpoint :func:`resolve` picks; one whose shard files turn out not to match
-    while it loads is skipped, and the next is loaded (every rank takes part)."""
+    while it loads is skipped, and the next is loaded (every rank takes part). Loaded with ``weights_only=True``
+    given outright, the one value ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn off: a manifest is an unkeyed
+    hash anyone can write again, so a checkpoint is never trusted to run code. Raises UsageError for a script's
+    ``fit(weights_only=False)`` when a checkpoint is to be loaded."""
     trainer, rejected = connector.trainer, []
     while True:
         path, pending = resolve(trainer, wanted, rejected)
+        if path is not None:
+            _weights_only(weights_only, path)
+            weights_only = True
         if pending is None:
             return resume_start(connector, path, weights_only)
         failure = None
@@ -165,6 +171,16 @@ def _resume(resume_start, connector, wanted: str, weights_only):
         if trainer.strategy.is_global_zero:
             trail.say(f"resume: skipped {path}: {verdict.reason}")
             trail.audit("checkpoint_skipped", path=path, reason=verdict.reason)
+
+
+def _weights_only(given, path: str) -> None:
+    """Raises UsageError when the script asked Lightning to load ``path`` with ``weights_only=False``."""
+    if given is False:
+        raise UsageError(f"The script calls Trainer.fit(weights_only=False), and sprite resumes from {path}: "
+                         "sprite loads a checkpoint only with weights_only=True, since its pickle could run code.",
+                         "weights_only=False is Lightning's way past torch's allow-list for objects such as "
+                         "hyperparameters of other types.", "Drop weights_only=False and add those types with "
+                         "torch.serialization.add_safe_globals, or run with --resume never.")
 
 
 def install(wanted: str) -> None:
