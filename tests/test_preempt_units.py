@@ -233,6 +233,15 @@ def test_job_scripts_pass_the_signal_requeue_and_resume_auto(tmp_path):
     spec.write_text(spec.read_text() + "resume: never\n")
     with pytest.raises(UsageError, match="resume: never with scheduler.requeue: true"):
         submit.prepare(str(spec), "slurm", cwd=str(tmp_path))
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "meta.pt").write_bytes(b"x")
+    from sprite import integrity
+
+    integrity.seal(tmp_path / "ck", {"step": 1})  # a sealed checkpoint: refused for the requeue, not for itself
+    spec.write_text(spec.read_text().replace("resume: never", f"resume: {tmp_path / 'ck'}"))
+    with pytest.raises(UsageError, match="resume: .*ck with scheduler.requeue: true"):  # any value but auto
+        submit.prepare(str(spec), "slurm", cwd=str(tmp_path))
+    spec.write_text(spec.read_text().replace(f"resume: {tmp_path / 'ck'}", "resume: never"))
     spec.write_text(spec.read_text().replace("resume: never", "preempt_signal: USR1"))
     with pytest.raises(UsageError, match="preempt_signal: USR1 contradicts scheduler.preempt_signal: USR2@60"):
         submit.prepare(str(spec), "slurm", cwd=str(tmp_path))

@@ -581,3 +581,14 @@ def test_the_timed_repetitions_stop_at_200_however_short_they_are(monkeypatch):
     monkeypatch.setattr(reference, "MIN_SECONDS", 10.0)
     found = reference.measure(torch.device("cpu"), DEVICE_TABLE["cpu"], ("fp32",), 8, 9)
     assert len(found["all_seconds"]) == reference.MAX_REPEATS == 200
+
+
+def test_the_preflights_ranks_get_unbuffered_output_and_one_thread_unless_the_shell_set_it(tmp_path, monkeypatch):
+    """docs/preflight.md: PYTHONUNBUFFERED=1, and OMP_NUM_THREADS=1 unless set (simulated nodes share cores)."""
+    from sprite.parity.preflight import runner
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = runner.flags_for(tmp_path, {"env": {"KEEP": "1"}})["env"]
+    assert env == {"KEEP": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    assert "OMP_NUM_THREADS" not in runner.flags_for(tmp_path, {})["env"]  # the shell's 8 reaches the ranks

@@ -503,12 +503,14 @@ def test_a_stage_step_that_hangs_is_stopped_with_everything_it_started(monkeypat
     assert subprocess.run(["pgrep", "-f", "sleep 31.8"], capture_output=True, text=True).stdout == ""
 
 
-def test_a_sigterm_to_sprite_while_a_stage_step_runs_ends_the_step_too():
-    """The step runs in a session of its own (so a hung one can be stopped whole): a SIGTERM that ends sprite
-    stops the step and what it started first, then ends sprite as the signal does."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_sigterm_to_sprite_while_a_stage_step_runs_ends_the_step_too(sig):
+    """The step runs in a session of its own (so a hung one can be stopped whole): a SIGTERM or SIGHUP that ends
+    sprite stops the step and what it started first, then ends sprite as the signal does."""
     import signal
     import time
 
+    sig = getattr(signal, sig)
     code = ("from sprite.launch.stage import run\n"
             "pause = 'sleep 43.' + '9'  # so that this command line does not match pgrep's pattern\n"
             "run._step(['sh', '-c', f'{pause} & {pause}'], 'unpack')\n")
@@ -517,8 +519,8 @@ def test_a_sigterm_to_sprite_while_a_stage_step_runs_ends_the_step_too():
     while subprocess.run(["pgrep", "-f", "sleep 43.9"], capture_output=True).returncode != 0:
         assert time.monotonic() < deadline and proc.poll() is None, "the step never started"
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == -signal.SIGTERM
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == -sig
     time.sleep(0.5)
     assert subprocess.run(["pgrep", "-f", "sleep 43.9"], capture_output=True, text=True).stdout == ""
 
@@ -860,3 +862,40 @@ def test_the_copper_route_starts_copper_reads_through_its_view_and_stops_it(tmp_
     stagerun.unstage(plan)
     assert ran[0][len(plan.per_node):len(plan.per_node) + 1] == ["remove"]
     assert ran[1] == ["/soft/copper/stop_copper.sh"]
+
+
+@pytest.mark.parametrize("system_site", [False, True])
+def test_what_is_staged_of_a_venv_a_conda_environment_and_a_system_python(tmp_path, monkeypatch, system_site):
+    """docs/staging.md, "What is staged": a venv's lib (and lib64), the base's stdlib and include, without the
+    stdlib's own tests and build folders (test, idlelib, tkinter, turtledemo, ensurepip, lib2to3, config-*) and,
+    unless include-system-site-packages, without the base's site-packages; a conda environment whole but for its
+    package cache and metadata; any other Python (a system /usr) is refused."""
+    from sprite.launch.stage import source
+
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    venv, base, conda = tmp_path / "venv", tmp_path / "base", tmp_path / "conda"
+    lib = base / "lib" / f"python{version}"
+    for name in (*source.SKIP_STDLIB, "site-packages", f"config-{version}-x86_64-linux-gnu", "json"):
+        (lib / name).mkdir(parents=True)
+    (base / "include").mkdir()
+    (venv / "lib").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"include-system-site-packages = {str(system_site).lower()}\n")
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(sys, "base_prefix", str(base))
+    found = source.current()
+    assert found.kind == "venv" and dict(found.roots) == {
+        "env/lib": str(venv / "lib"), f"base/lib/python{version}": str(lib), "base/include": str(base / "include")}
+    skipped = {os.path.basename(path) for path in found.skip}
+    assert skipped == {*source.SKIP_STDLIB, f"config-{version}-x86_64-linux-gnu",
+                       *(() if system_site else ("site-packages",))}
+    assert found.system_site is system_site
+    (conda / "conda-meta").mkdir(parents=True)
+    monkeypatch.setattr(sys, "prefix", str(conda))
+    monkeypatch.setattr(sys, "base_prefix", str(conda))
+    found = source.current()
+    assert found.kind == "conda" and dict(found.roots) == {"base": str(conda)}
+    assert {"pkgs", "conda-meta", "share", "man", "doc"} <= {os.path.basename(path) for path in found.skip}
+    monkeypatch.setattr(sys, "prefix", str(base))
+    monkeypatch.setattr(sys, "base_prefix", str(base))
+    with pytest.raises(UsageError, match="neither a virtual nor a conda environment"):
+        source.current()

@@ -94,6 +94,11 @@ def test_the_rank_ends_its_stand_in_with_its_exit_code_or_its_signal(server, tmp
         assert record(out)["pid"] != proc.pid and proc.returncode == wanted, (mode, proc.returncode)
 
 
+def test_the_stand_in_passes_on_the_signals_docs_run_md_names():
+    names = [signal.Signals(sig).name.removeprefix("SIG") for sig in warm.PASSED_ON]
+    assert names == ["TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "ALRM"]
+
+
 @pytest.mark.parametrize("sig", warm.PASSED_ON, ids=lambda sig: signal.Signals(sig).name)
 def test_signals_to_the_stand_in_reach_the_rank(server, tmp_path, sig):
     sock, _ = server
