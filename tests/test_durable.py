@@ -347,3 +347,13 @@ def test_a_save_replacing_one_of_the_same_name_that_cannot_be_sealed_leaves_the_
     save(3)
     verdict = integrity.verify(target)
     assert verdict.valid and verdict.manifest["meta"]["step"] == 3, verdict.reason
+
+
+def test_the_words_for_a_dead_checkpoint_process_are_torchs_own():
+    """durable.PROCESS_GONE is matched against the installed torch's wording: a reword there would send users to
+    the disk's advice instead of --checkpoint-writer thread, and fails here first."""
+    import inspect
+
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    assert durable.PROCESS_GONE in inspect.getsource(executor).lower(), "torch words its dead process otherwise"
