@@ -235,3 +235,8 @@ def test_an_unreadable_spec_and_an_empty_checkpoint_path_say_what_is_wrong(sprit
 def test_sprite_env_names_a_bad_sprite_site_variable(sprite_cmd, clean_env):
     result = run_sprite(sprite_cmd, ["env"], {**clean_env, "SPRITE_SITE": "bogus"})
     assert_one_line_usage_error(result, "SPRITE_SITE=bogus: Unknown site 'bogus'")
+
+
+def test_an_empty_run_dir_is_refused_not_taken_for_the_default(sprite_cmd, clean_env, example_script):
+    result = run_sprite(sprite_cmd, ["run", "--dry-run", "--run-dir", "", example_script], clean_env)
+    assert_one_line_usage_error(result, "--run-dir was given an empty path")

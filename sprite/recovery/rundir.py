@@ -33,7 +33,11 @@ def default_path(job_id: str = "", cwd: str | None = None, now: float | None = N
 
 
 def choose(run_dir: str | None, job_id: str = "") -> Path:
-    """The absolute run folder path for ``--run-dir`` (or the default). Raises UsageError if it exists."""
+    """The absolute run folder path for ``--run-dir`` (or the default). Raises UsageError if it exists, or when
+    ``--run-dir`` was given empty (a variable that expanded to nothing)."""
+    if run_dir is not None and not run_dir.strip():
+        raise UsageError("--run-dir was given an empty path.", "A shell variable in it expanded to nothing.",
+                         "Pass a folder path, or leave --run-dir out for a new folder under ./sprite-runs/.")
     path = Path(run_dir).absolute() if run_dir else default_path(job_id)
     if os.path.lexists(path):
         raise UsageError(f"The run folder {path} exists already.", "sprite never writes into an existing run folder.",
