@@ -385,6 +385,10 @@ def test_a_clock_checkpoint_never_replaces_one_this_run_did_not_save(tmp_path, m
     ranks = SimpleNamespace(is_global_zero=False, world_size=2, global_step=1,
                             strategy=SimpleNamespace(broadcast=lambda value: told.append(value) or "rank 0's"))
     assert hook._name(ranks, ck) == "rank 0's" and told == [None]  # the other ranks take rank 0's pick
+    # a damaged trail on rank 0 must not raise before the broadcast the other ranks wait in: no name is ours
+    (run / "audit.jsonl").write_text("{not json\n")
+    trainer.global_step = 3
+    assert hook._name(trainer, ck) == str(ck / "sprite-every-step=3-v1.ckpt")
 
 
 def test_a_preemption_checkpoint_goes_beside_another_runs_of_the_same_step(tmp_path):

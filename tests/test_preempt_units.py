@@ -137,7 +137,7 @@ def test_a_rank_that_failed_while_the_others_stopped_for_preemption_fails_the_at
     log = tmp_path / "attempt-1.log"
     log.write_text("sprite: received SIGUSR1; passing it to the launcher\n"
                    "1: sprite: error: the checkpoint's files could not be written: [Errno 28] No space left on "
-                   "device\n"
+                   "device. Free space, then launch again.\n"
                    "1: sprite: error: A checkpoint saved in the background failed: [Errno 28] No space left.\n"
                    "srun: error: nid001: task 1: Exited with exit code 1\n")
     beats = {0: _beat(0, heartbeat.PREEMPTED), 1: _beat(1, heartbeat.FAILED)}
@@ -146,6 +146,7 @@ def test_a_rank_that_failed_while_the_others_stopped_for_preemption_fails_the_at
     assert verdict.reason.startswith("rank 1 failed while the others stopped for preemption: the checkpoint's")
     said = capsys.readouterr().err.strip()
     assert said.startswith("sprite: error: The launcher exited 75 (preemption), but rank 1 failed") and "\n" not in said
+    assert ".." not in said  # the rank's own line ends in a full stop
     assert not requeue.wanted(True, {"cause": verdict.cause, "exit_code": code})
     log.write_text("[1] Traceback (most recent call last):\n[1] ValueError: bad shape\n")
     code, verdict = attempt._verdict(EXIT_PREEMPTED, log, launch, {**beats, 0: _beat(0, heartbeat.FAILED)})

@@ -210,3 +210,22 @@ def test_a_load_that_fails_is_blamed_on_the_checkpoint_only_when_it_does_not_ver
         conn, path, weights, fail=RuntimeError("bad zip") if path == str(newer) else None)
     assert resume._resume(failing_once, connector, "auto", None) == "loaded"
     assert connector.loads == [str(newer), str(older)]
+
+
+@pytest.mark.parametrize("wanted", ["auto", "/ck/last.ckpt"])
+def test_a_script_asking_for_weights_only_false_is_refused_before_any_checkpoint_is_looked_at(monkeypatch, wanted):
+    """Under --resume auto the first attempt may find nothing to load, but the relaunch after a preemption would:
+    refused at once, on every rank alike, before anything is hashed."""
+    from types import SimpleNamespace
+
+    from sprite.errors import UsageError
+    from sprite.runtime.ckpt import resume
+
+    monkeypatch.setattr(resume, "resolve", lambda *a, **k: pytest.fail("looked for a checkpoint first"))
+    with pytest.raises(UsageError, match=r"Trainer.fit\(weights_only=False\) under --resume"):
+        resume._resume(lambda *a: None, SimpleNamespace(trainer=None), wanted, False)
+    loaded = []
+    monkeypatch.setattr(resume, "resolve", lambda trainer, w, rejected: ("/ck/x.ckpt", None))
+    resume._resume(lambda connector, path, weights_only: loaded.append(weights_only), SimpleNamespace(trainer=None),
+                   wanted, None)
+    assert loaded == [True]  # given outright, whatever torch's default or environment says

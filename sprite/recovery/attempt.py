@@ -104,7 +104,7 @@ def _verdict(code: int, log_path: Path, plan: LaunchPlan, beats: dict) -> tuple[
     failed = sorted(rank for rank, beat in beats.items() if beat.phase == heartbeat.FAILED)
     if code == EXIT_PREEMPTED and failed:
         verdict = classify.failed_in_preemption(failed, _tail(log_path))
-        print(report(SpriteError(f"The launcher exited {code} (preemption), but {verdict.reason}.",
+        print(report(SpriteError(f"The launcher exited {code} (preemption), but {verdict.reason.rstrip('.')}.",
                                  "Its save of the preemption checkpoint failing (a full disk) is the usual cause.",
                                  "Fix what that rank's lines above say, then --resume auto takes the newest valid "
                                  "checkpoint; exit code 1.")), file=sys.stderr, flush=True)

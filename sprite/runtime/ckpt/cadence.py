@@ -33,7 +33,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from sprite import contract
-from sprite.errors import UsageError
+from sprite.errors import SpriteError, UsageError
 from sprite.runtime import trail
 
 PREFIX = "sprite-every"  # the names of the checkpoints sprite saves on its clock (and may remove with --keep)
@@ -159,7 +159,7 @@ class Cadence(Callback):
         run_dir = os.environ.get(contract.RUN_DIR, "").strip()
         try:
             records = audit.read(os.path.join(run_dir, trail.AUDIT_NAME)) if run_dir else []
-        except (OSError, ValueError):
+        except (OSError, ValueError, SpriteError):  # unreadable or damaged: no earlier save is taken for ours
             return []
         paths = [r.get("path") for r in records if r.get("kind") == "checkpoint_written" and r.get("verified")]
         return [p for p in dict.fromkeys(paths) if isinstance(p, str) and Path(p).parent == folder and

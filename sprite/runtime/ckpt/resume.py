@@ -141,12 +141,13 @@ def _resume(resume_start, connector, wanted: str, weights_only):
     while it loads is skipped, and the next is loaded (every rank takes part). Loaded with ``weights_only=True``
     given outright, the one value ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn off: a manifest is an unkeyed
     hash anyone can write again, so a checkpoint is never trusted to run code. Raises UsageError for a script's
-    ``fit(weights_only=False)`` when a checkpoint is to be loaded."""
+    ``fit(weights_only=False)`` at once, before any checkpoint is looked at or hashed: under ``--resume auto`` the
+    first attempt may find none, but the relaunch after a preemption would."""
+    _weights_only(weights_only, wanted)
     trainer, rejected = connector.trainer, []
     while True:
         path, pending = resolve(trainer, wanted, rejected)
         if path is not None:
-            _weights_only(weights_only, path)
             weights_only = True
         if pending is None:
             return resume_start(connector, path, weights_only)
@@ -173,11 +174,11 @@ def _resume(resume_start, connector, wanted: str, weights_only):
             trail.audit("checkpoint_skipped", path=path, reason=verdict.reason)
 
 
-def _weights_only(given, path: str) -> None:
-    """Raises UsageError when the script asked Lightning to load ``path`` with ``weights_only=False``."""
+def _weights_only(given, wanted: str) -> None:
+    """Raises UsageError when the script asked Lightning to load checkpoints with ``weights_only=False``."""
     if given is False:
-        raise UsageError(f"The script calls Trainer.fit(weights_only=False), and sprite resumes from {path}: "
-                         "sprite loads a checkpoint only with weights_only=True, since its pickle could run code.",
+        raise UsageError(f"The script calls Trainer.fit(weights_only=False) under --resume {wanted}: sprite loads "
+                         "a checkpoint only with weights_only=True, since its pickle could run code.",
                          "weights_only=False is Lightning's way past torch's allow-list for objects such as "
                          "hyperparameters of other types.", "Drop weights_only=False and add those types with "
                          "torch.serialization.add_safe_globals, or run with --resume never.")

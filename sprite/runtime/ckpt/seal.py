@@ -56,7 +56,10 @@ def free_name(trainer, base: str, ours=lambda: ()) -> str:
     if trainer.is_global_zero:
         path, version, known = f"{base}.ckpt", 0, None
         while os.path.lexists(path):
-            known = known if known is not None else set(ours())
+            try:
+                known = known if known is not None else set(ours())
+            except Exception:  # noqa: BLE001 - a damaged audit trail: none taken for ours (then a new name);
+                known = set()  # raising here would leave the other ranks waiting in the broadcast below
             if path in known:
                 break
             version += 1
