@@ -234,6 +234,21 @@ def test_the_stage_cache_is_shared_safely_between_launches_and_taken_only_from_t
     assert theirs.read_bytes() == b"another launch's half-packed archive"
     assert sorted(os.listdir(cache)) == sorted([archive.name, archive.name + ".json", theirs.name])
 
+    # a record seen half-written (an older sprite wrote it in place) is waited for, not called damaged
+    import threading
+
+    monkeypatch.setattr(stagerun, "RECORD_WAIT", 10.0)
+    late = cache / f"sprite-env-{'ef' * 16}.tar"
+    late.write_bytes(b"another launch's archive")
+    (cache / f"{late.name}.json").write_text("")
+    filled = threading.Timer(0.3, lambda: (cache / f"{late.name}.json").write_text(
+        json.dumps({"sha256": "d" * 64, "bytes": 24})))
+    filled.start()
+    assert stagerun.cached_archive(str(cache), Source(), files, "ef" * 32) == (str(late), "d" * 64, 24, True)
+    filled.join()
+    monkeypatch.setattr(stagerun.archmod, "pack", real_pack)  # this launch packs its own: no temporary name stays
+    mine = stagerun.cached_archive(str(cache), Source(), files, "12" * 32)
+    assert mine[3] is False and not [name for name in os.listdir(cache) if "partial" in name and name != theirs.name]
     os.chmod(cache, 0o770)
     with pytest.raises(UsageError, match="not this user's alone"):
         stagerun.cached_archive(str(cache), Source(), files, "ab" * 32)
@@ -825,6 +840,14 @@ def test_a_site_profiles_job_block_can_stage_by_default_into_its_stage_root(tmp_
         with pytest.raises(UsageError, match=says):
             plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1", "stage": str(where)},
                      env)
+    # inside a batch job the folder is on the compute node: a plan made for a job script on a login node
+    # (sprite qsub, --launcher local) must not look for it here
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("127.0.0.1\n")
+    in_job = {**env, "PBS_JOBID": "9.sim", "PBS_NODEFILE": str(nodefile)}
+    job = plan_run({"script": str(tmp_path / "t.py"), "devices": "1", "launcher": "local", "accelerator": "cpu",
+                    "stage": "/local_ssd_on_the_node/stage"}, in_job)
+    assert job.stage.dir == "/local_ssd_on_the_node/stage"
     with pytest.raises(UsageError, match="too long a path"):
         plan_run({"script": str(tmp_path / "t.py"), "devices": "1", "stage": "/tmp/" + "a" * 300}, env)
 

@@ -73,8 +73,8 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, blo
     layer = {**file_layer, **_from_block(file_layer, block)} if block is not None else file_layer
     argv = [python, "-m", "sprite", "run", "--site", site_argument(site)]
     for key in VALUE_FLAGS:
-        if key in layer:
-            argv += ["--" + key.replace("_", "-"), str(layer[key])]
+        if key in layer and not (key == "mtbf" and job.checkpoint_every is None):  # alone it is refused as a flag
+            argv += ["--" + key.replace("_", "-"), _flag_text(layer[key])]
     secret = secret_env.names(job, site)
     for name in dict.fromkeys((*layer.get("env", {}), *job.pass_env, *job.secrets)):
         argv += ["--secret" if name in secret else "--env", name]
@@ -85,6 +85,18 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, blo
     from_site = [name for name in job.env if name in secret and name not in layer.get("env", {})]
     argv += ["--allow-literal-secrets"] if allow_literal_secrets and from_site else []
     return argv + [job.script or "", *job.args]
+
+
+def _flag_text(value) -> str:
+    """A spec value as its flag reads it back: a number of seconds without float noise (1.1 h is
+    3960.0000000000005 s, more decimals than a duration may have), anything else as text."""
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or isinstance(value, int) or number != number or number in (float("inf"), -float("inf")):
+        return str(value)
+    return f"{number:.9f}".rstrip("0").rstrip(".")
 
 
 def _from_block(file_layer: dict, block) -> dict:

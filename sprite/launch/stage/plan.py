@@ -130,7 +130,8 @@ def build(spec, site, world, python: str, environ: Mapping[str, str], run_env: M
     hosts = alloc.hosts  # every usable host, spare ones too (a retry may move onto them)
     if alloc.scheduler == "none" or world.flavour == "local":
         broadcast, hosts = "local", world.hosts
-        _check_here(stage_dir)
+        if alloc.scheduler == "none":  # this machine is the node (a job script's plan is made on a login node)
+            _check_here(stage_dir)
     elif world.flavour == "srun":
         # sbcast writes to every node of the job: where a node is left out (--exclude, a node the preflight found
         # failing), each kept node reads the archive instead, as under mpiexec.

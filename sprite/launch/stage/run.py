@@ -90,7 +90,9 @@ def cached_archive(cache: str, env_source, files: list, fingerprint: str) -> tup
     known = _record(archive, record, RECORD_WAIT if os.path.lexists(archive) else 0.0)
     if known:
         return archive, known["sha256"], known["bytes"], True
-    if os.path.lexists(record):
+    # The record seen first, then no archive: an orphan (a packer links the archive before its record). In the
+    # other order a launch that linked both meanwhile would look like one.
+    if os.path.lexists(record) and not os.path.lexists(archive):
         raise StageFailed(f"The stage cache holds the record {record} without its archive.",
                           "The archive was removed by hand, or the record is not sprite's.",
                           f"Remove {record} and launch again.")
@@ -103,12 +105,19 @@ def cached_archive(cache: str, env_source, files: list, fingerprint: str) -> tup
         known = _record(archive, record, RECORD_WAIT)
         if not known:
             raise StageFailed(f"{archive} was removed while this launch packed its own.",
-                              "Another launch or a person cleaned the stage cache meanwhile.", "Launch again.") from None
+                              "Another launch or a person cleaned the stage cache meanwhile.",
+                              "Launch again.") from None
         return archive, known["sha256"], known["bytes"], True
     finally:
         os.unlink(partial)
-    writeonce.write_new(record, json.dumps({"sha256": sha, "bytes": size, "fingerprint": fingerprint,
-                                            "files": len(files)}).encode())
+    # Whole or not at all: written aside, then linked in (a launch waiting for it never reads it half-written).
+    aside = f"{record}.partial-{secrets.token_hex(8)}"
+    writeonce.write_new(aside, json.dumps({"sha256": sha, "bytes": size, "fingerprint": fingerprint,
+                                           "files": len(files)}).encode())
+    try:
+        os.link(aside, record)
+    finally:
+        os.unlink(aside)
     return archive, sha, size, False
 
 
@@ -129,24 +138,24 @@ def _record(archive: str, record: str, wait: float) -> dict | None:
     is writing); None when there is no archive. Raises StageFailed for an archive that stays without its record,
     UsageError for either not being this user's own file."""
     deadline = time.monotonic() + wait
-    while os.path.lexists(archive) and not os.path.lexists(record) and time.monotonic() < deadline:
+    while True:
+        if not os.path.lexists(archive):
+            return None
+        if os.path.lexists(record):
+            _only_mine(archive, stat.S_ISREG, "file")
+            _only_mine(record, stat.S_ISREG, "file")
+            try:
+                with open(record, encoding="utf-8") as meta:
+                    known = json.load(meta)
+                return {"sha256": str(known["sha256"]), "bytes": int(known["bytes"])}
+            except (ValueError, KeyError, TypeError) as err:  # an older sprite writing it in place: wait
+                problem = f"The stage cache's record {record} cannot be read ({type(err).__name__})."
+        else:
+            problem = f"The stage cache holds {archive} without its record {os.path.basename(record)}."
+        if time.monotonic() >= deadline:
+            raise StageFailed(problem, "An earlier launch stopped while packing, or the file is not sprite's.",
+                              f"Remove {archive} and {os.path.basename(record)} if there, then launch again.")
         time.sleep(0.5)
-    if not os.path.lexists(archive):
-        return None
-    if not os.path.lexists(record):
-        raise StageFailed(f"The stage cache holds {archive} without its record {os.path.basename(record)}.",
-                          "An earlier launch stopped while packing, or the file is not sprite's.",
-                          f"Remove {archive} and launch again.")
-    _only_mine(archive, stat.S_ISREG, "file")
-    _only_mine(record, stat.S_ISREG, "file")
-    try:
-        with open(record, encoding="utf-8") as meta:
-            known = json.load(meta)
-        return {"sha256": str(known["sha256"]), "bytes": int(known["bytes"])}
-    except (ValueError, KeyError, TypeError) as err:
-        raise StageFailed(f"The stage cache's record {record} cannot be read ({type(err).__name__}).",
-                          "A launch stopped while writing it, or the file is not sprite's.",
-                          f"Remove {record} and {archive}, then launch again.") from None
 
 
 STEP_SECONDS = 1800.0  # a stage step still running after this is stopped: a node that hangs must not hang the run
