@@ -470,12 +470,13 @@ def test_the_pick_is_made_once_a_process_group_from_the_state_and_made_again_for
     seen = []
     monkeypatch.setattr(dcp_write, "default_mode", lambda *args: seen.append(args) or ("thread", "no room here"))
     monkeypatch.setattr(dcp_write, "_generation", [0])  # a first group again
+    monkeypatch.setattr(dcp_write, "shm_free", lambda: 7 << 30)  # /dev/shm's room, which other tests change
     dcp_write._picked.clear()
     for _ in range(2):
         assert dcp_write.mode({"LOCAL_WORLD_SIZE": "3"}, state={"a": torch.zeros(4), "b": [torch.zeros(2, 2)]}) \
             == "thread"
     assert capsys.readouterr().err == "sprite: no room here\n"
-    assert seen == [({"cpu"}, 32, 3, dcp_write.shm_free(), "")]  # 8 floats of 4 bytes, 3 ranks on the node
+    assert seen == [({"cpu"}, 32, 3, 7 << 30, "")]  # 8 floats of 4 bytes, 3 ranks on the node, the room
 
 
 def test_a_chosen_process_writer_needs_the_room_and_a_first_group_else_a_thread_says_why(monkeypatch, capsys):

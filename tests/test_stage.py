@@ -172,13 +172,8 @@ def test_unpacking_drops_setuid_and_group_write_keeps_mtimes_and_a_link_pointing
         archmod.unpack(str(fifo), str(tmp_path / "d2"), None)
 
 
-def test_the_archive_is_packed_once_per_fingerprint_and_a_stray_one_is_refused_untouched(tmp_path, monkeypatch):
-    """docs/staging.md: a launch that finds the record reuses the archive; a changed environment gets a new
-    fingerprint; the archive is linked into place, never over a file that is there without its record."""
-    from sprite.launch.stage import run as stagerun
-
-    monkeypatch.setattr(stagerun, "RECORD_WAIT", 0.2)
-
+def _one_module_environment(tmp_path: Path):
+    """(a Source class, the files of an environment of one module) for the archive cache's tests."""
     class Source:
         def manifest(self):
             return {"python": "3"}
@@ -186,7 +181,17 @@ def test_the_archive_is_packed_once_per_fingerprint_and_a_stray_one_is_refused_u
     module = tmp_path / "env" / "m.py"
     module.parent.mkdir()
     module.write_text("x = 1\n")
-    files = [("m.py", str(module), os.lstat(module))]
+    return Source, [("m.py", str(module), os.lstat(module))]
+
+
+def test_the_archive_is_packed_once_per_fingerprint_and_a_stray_one_is_refused_untouched(tmp_path, monkeypatch):
+    """docs/staging.md: a launch that finds the record reuses the archive; a changed environment gets a new
+    fingerprint; the archive is linked into place, never over a file that is there without its record."""
+    from sprite.launch.stage import run as stagerun
+
+    monkeypatch.setattr(stagerun, "RECORD_WAIT", 0.2)
+
+    Source, files = _one_module_environment(tmp_path)
     cache = str(tmp_path / "cache")
     first = stagerun.cached_archive(cache, Source(), files, "ab" * 32)
     again = stagerun.cached_archive(cache, Source(), files, "ab" * 32)
@@ -207,14 +212,7 @@ def test_the_stage_cache_is_shared_safely_between_launches_and_taken_only_from_t
     (exit 2): the ranks would run what it holds."""
     from sprite.launch.stage import run as stagerun
 
-    class Source:
-        def manifest(self):
-            return {"python": "3"}
-
-    module = tmp_path / "env" / "m.py"
-    module.parent.mkdir()
-    module.write_text("x = 1\n")
-    files = [("m.py", str(module), os.lstat(module))]
+    Source, files = _one_module_environment(tmp_path)
     cache = tmp_path / "cache"
     archive = cache / f"sprite-env-{'ab' * 16}.tar"
     cache.mkdir(mode=0o700)
@@ -770,18 +768,22 @@ def two_slurmd(tmp_path_factory):
     yield from slurm_cluster.start_nodes(tmp_path_factory.mktemp("stage-nodes"), ["n1", "n2"])
 
 
+def _two_slurmd_run(cluster, python: str, cache: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """``sprite run --launcher srun --devices 1 FLAGS fit.py OUT`` inside ``salloc -N 2`` of the two slurmd."""
+    fit = out / "fit.py"
+    fit.write_text(FIT)
+    env = _env({"SLURM_CONF": cluster.env["SLURM_CONF"], "SPRITE_STAGE_CACHE": str(cache),
+                "MASTER_ADDR": "127.0.0.1"})
+    cmd = ["salloc", "-N", "2", "--ntasks-per-node=1", "--quiet", python, "-m", "sprite", "run", "--run-dir",
+           str(out / "run"), "--launcher", "srun", "--devices", "1", *flags, str(fit), str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=600)
+
+
 @pytest.mark.slow
 def test_stage_on_two_slurmd_nodes_sharing_one_folder_unpacks_once_and_every_rank_imports_the_copy(
         two_slurmd, small_venv, stage_cache, node_local, tmp_path):
-    fit = tmp_path / "fit.py"
-    fit.write_text(FIT)
     stage_dir = str(node_local / "stage")
-    env = _env({"SLURM_CONF": two_slurmd.env["SLURM_CONF"], "SPRITE_STAGE_CACHE": str(stage_cache),
-                "MASTER_ADDR": "127.0.0.1"})
-    cmd = ["salloc", "-N", "2", "--ntasks-per-node=1", "--quiet", small_venv, "-m", "sprite", "run", "--run-dir",
-           str(tmp_path / "run"), "--launcher", "srun", "--nodes", "2", "--devices", "1", "--stage", stage_dir,
-           str(fit), str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    done = _two_slurmd_run(two_slurmd, small_venv, stage_cache, tmp_path, "--nodes", "2", "--stage", stage_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     _check_ranks(tmp_path, 2, stage_dir)
     record = _stage_record(tmp_path / "run")
@@ -798,15 +800,9 @@ def test_stage_under_srun_leaves_an_excluded_node_out_and_the_kept_node_reads_th
         two_slurmd, small_venv, stage_cache, node_local, tmp_path):
     """docs/staging.md: sbcast writes to every node of the job, so with a node left out (--exclude here; the
     preflight's failed nodes alike) the kept nodes read the cached archive through srun --nodelist."""
-    fit = tmp_path / "fit.py"
-    fit.write_text(FIT)
     stage_dir = str(node_local / "stage-x")
-    env = _env({"SLURM_CONF": two_slurmd.env["SLURM_CONF"], "SPRITE_STAGE_CACHE": str(stage_cache),
-                "MASTER_ADDR": "127.0.0.1"})
-    cmd = ["salloc", "-N", "2", "--ntasks-per-node=1", "--quiet", small_venv, "-m", "sprite", "run", "--run-dir",
-           str(tmp_path / "run"), "--launcher", "srun", "--nodes", "1", "--devices", "1", "--exclude", "n2",
-           "--stage", stage_dir, str(fit), str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    done = _two_slurmd_run(two_slurmd, small_venv, stage_cache, tmp_path, "--nodes", "1", "--exclude", "n2",
+                           "--stage", stage_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     _check_ranks(tmp_path, 1, stage_dir)
     record = _stage_record(tmp_path / "run")
@@ -836,7 +832,8 @@ def test_a_site_profiles_job_block_can_stage_by_default_into_its_stage_root(tmp_
     assert off.stage is None
     # staging here: a folder whose parent is gone is refused before anything is packed
     for where, says in ((tmp_path / "gone" / "stage", "cannot be made: .*gone is gone"),
-                        ("/proc/sprite-stage", "is under /proc, a kernel file system")):
+                        ("/proc/sprite-stage", "is under /proc, a kernel file system"),
+                        ("/dev/sprite-stage", "is under /dev, a kernel file system")):
         with pytest.raises(UsageError, match=says):
             plan_run({"script": str(tmp_path / "t.py"), "site": str(site), "devices": "1", "stage": str(where)},
                      env)
@@ -848,6 +845,8 @@ def test_a_site_profiles_job_block_can_stage_by_default_into_its_stage_root(tmp_
     job = plan_run({"script": str(tmp_path / "t.py"), "devices": "1", "launcher": "local", "accelerator": "cpu",
                     "stage": "/local_ssd_on_the_node/stage"}, in_job)
     assert job.stage.dir == "/local_ssd_on_the_node/stage"
+    ramdisk = plan_run({"script": str(tmp_path / "t.py"), "devices": "1", "stage": "/dev/shm/sprite-x"}, env)
+    assert ramdisk.stage.dir == "/dev/shm/sprite-x"  # /dev/shm is a ramdisk, the place docs/staging.md suggests
     with pytest.raises(UsageError, match="too long a path"):
         plan_run({"script": str(tmp_path / "t.py"), "devices": "1", "stage": "/tmp/" + "a" * 300}, env)
 

@@ -24,7 +24,14 @@ for sig in (signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(sig, lambda signum, frame: open(os.path.join(out, f"sig{signum}-{rank}"), "w").close())
 print(f"hello from {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']}", flush=True)
 print(f"threads {os.environ['OMP_NUM_THREADS']}", flush=True)
+open(os.path.join(out, f"ready{rank}"), "w").close()
 if rank == os.environ.get("FAIL_RANK"):
+    # fail only once every rank has its SIGTERM handler: on busy cores rank 0 could still be starting, die of the
+    # signal's default action and leave no term0 (seen once in CI)
+    ready = [os.path.join(out, f"ready{r}") for r in range(int(os.environ["WORLD_SIZE"]))]
+    deadline = time.monotonic() + 30
+    while not all(map(os.path.exists, ready)) and time.monotonic() < deadline:
+        time.sleep(0.02)
     sys.exit(3)
 time.sleep(float(os.environ.get("SLEEP", "0")))
 """

@@ -17,7 +17,8 @@ from sprite.errors import UsageError
 from sprite.schedulers import allocation as allocmod
 
 TOOL = ("-m", "sprite.launch.stage.node")
-COPPER_VIEW = "/tmp/{user}/copper"  # launch_copper.sh's default view (ALCF user guide, "Copper", data movement)
+COPPER_VIEW = "/tmp/{user}/copper"
+RAMDISK = "/dev/shm"  # the one folder under a kernel file system a stage folder may go in  # launch_copper.sh's default view (ALCF user guide, "Copper", data movement)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,11 @@ def _check_here(stage_dir: str) -> None:
     from sprite.launch import folders
 
     parent = os.path.dirname(stage_dir)
-    why = folders.problem(stage_dir) or (None if os.path.isdir(parent) else f"cannot be made: {parent} is gone")
+    if os.path.realpath(parent).startswith(RAMDISK):  # a ramdisk is a good place for a copy, though under /dev
+        why = None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be made: {parent} is not writable for you"
+    else:
+        why = folders.problem(stage_dir)
+    why = why or (None if os.path.isdir(parent) else f"cannot be made: {parent} is gone")
     if why:
         raise UsageError(f"--stage: the stage folder {stage_dir} {why}.", "The path is misspelled, or $TMPDIR (for "
                          "auto) names a folder that is gone.", "Pass --stage auto or a folder below one you may write "
