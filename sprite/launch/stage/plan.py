@@ -17,8 +17,8 @@ from sprite.errors import UsageError
 from sprite.schedulers import allocation as allocmod
 
 TOOL = ("-m", "sprite.launch.stage.node")
-COPPER_VIEW = "/tmp/{user}/copper"
-RAMDISK = "/dev/shm"  # the one folder under a kernel file system a stage folder may go in  # launch_copper.sh's default view (ALCF user guide, "Copper", data movement)
+COPPER_VIEW = "/tmp/{user}/copper"  # launch_copper.sh's default view (ALCF user guide, "Copper", data movement)
+RAMDISK = "/dev/shm"  # the one folder under a kernel file system a stage folder may go in
 
 
 @dataclass(frozen=True)
