@@ -36,6 +36,9 @@ def run_cli(capsys, *args) -> tuple[int, str]:
     (("--model", "org/some-hub-id"), "is neither a preset nor a checkpoint folder."),
     (("--batch", "0"), "must be at least 1"),
     (("--batch", "many"), "Invalid value for '--batch'"),
+    (("--repeats", "100000000000"), "--repeats 100000000000 is more than 1,000."),  # it built the list and hung
+    (("--batch", "99999999999"), "--batch 99999999999 is more than 1,048,576."),
+    (("--sweep", "2000"), "--sweep 2000 puts 2000 ranks on one node, more than 1024."),  # it named --devices
 ])
 def test_bad_usage_is_one_line_and_exit_2(capsys, tmp_path, args, fragment):
     code, err = run_cli(capsys, "--out", str(tmp_path / "run"), *args)
@@ -55,8 +58,9 @@ def test_a_used_out_folder_is_refused(capsys, tmp_path, clean_env):
 def test_compare_needs_two_reports(capsys, tmp_path):
     code, err = run_cli(capsys, "compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
     assert code == 2 and err.count("\n") == 1 and "is not a readable bench.json" in err
-    code, err = run_cli(capsys, "compare", "x", "y", "--tolerance", "-0.1")
-    assert code == 2 and "--tolerance -0.1 is negative." in err
+    for bad in ("-0.1", "nan", "inf"):  # NaN and inf turned the gate off: nothing ever counted as regressed
+        code, err = run_cli(capsys, "compare", "x", "y", "--tolerance", bad)
+        assert code == 2 and f"--tolerance {float(bad)} is not a fraction between 0 and 10." in err, err
 
 
 def test_plans_inside_a_slurm_allocation_take_whole_nodes(clean_env, tmp_path):

@@ -197,3 +197,19 @@ def test_a_fault_is_rejected_only_for_the_checks_attributable_to_it():
     get = {"single/fit": fit, "single/killed": killed, "single/fault_dropped-optimizer-state": result}.get
     unjudged = fault_case("single", "dropped-optimizer-state", get, {}, False, settings)
     assert unjudged["status"] == "not executed" and "clean arm failed" in unjudged["reason"]
+
+
+def test_compare_refuses_another_checks_folder_and_reads_an_edited_launch_record_without_a_traceback(tmp_path):
+    """A parity folder (its run.json unsealed) is not a ckpt-check folder: exit 2, not "changed after the run";
+    a launch record edited into a list or stripped of its limit names itself instead of raising."""
+    from sprite.errors import UsageError
+    from sprite.parity.ckpt import compare as ckpt_compare
+
+    (tmp_path / "run.json").write_text('{"precision": "32-true"}')
+    with pytest.raises(UsageError, match="has no manifest: .* is not the --out of a `sprite ckpt-check` run"):
+        ckpt_compare.load_settings(tmp_path)
+    (tmp_path / "launches").mkdir()
+    for body in ("[1]", '{"timed_out": true}', "garbage"):
+        (tmp_path / "launches" / "ddp-fit.json").write_text(body)
+        said = ckpt_compare.launch_outcome(tmp_path, "ddp-fit")
+        assert said.startswith("not executed: launch ddp-fit's record ddp-fit.json cannot be read"), said

@@ -124,14 +124,25 @@ def test_every_fault_is_rejected_for_its_own_reason(bf16_3):
     assert report["verdict"] == "pass" and code == 0
 
 
-def test_compare_recomputes_the_verdict_on_a_copy(fp32_2, tmp_path):
+def test_compare_recomputes_the_verdict_on_a_copy(fp32_2, tmp_path, monkeypatch):
+    """The reports go to a new folder DIR/compare-N: the run's own are never written over (they were), and a
+    folder that takes no new one (read-only) still gets its verdict."""
     out, _, _ = fp32_2
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    (copy / "report.json").unlink()
+    before = (copy / "report.json").read_bytes(), os.stat(copy / "report.json").st_ino
     code, text = invoke("compare", str(copy))
     assert code == 0, text
-    assert _report(copy, "report.json")["checks"] == _report(out, "report.json")["checks"]
+    assert _report(copy / "compare-1", "report.json")["checks"] == _report(out, "report.json")["checks"]
+    assert ((copy / "report.json").read_bytes(), os.stat(copy / "report.json").st_ino) == before
+    assert invoke("compare", str(copy))[0] == 0 and (copy / "compare-2" / "report.json").exists()
+    from sprite.integrity import writeonce
+
+    monkeypatch.setattr(writeonce.os, "mkdir", lambda *a: (_ for _ in ()).throw(PermissionError(13, "Permission "
+                                                                                               "denied")))
+    code, text = invoke("compare", str(copy))
+    assert code == 0 and "verdict: pass" in text and "reports: not written" in text, text
+    monkeypatch.undo()
     assert "verdict: pass" in text and "FP32 parity" not in text  # without --details: verdict and summary
     result = CliRunner().invoke(app, ["compare", "--json", str(copy)])
     printed = json.loads(result.stdout)

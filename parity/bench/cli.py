@@ -96,8 +96,9 @@ def compare_command(
 
     Example: sprite bench compare bench-old bench-new --tolerance 0.05"""
     try:
-        if tolerance < 0:
-            raise UsageError(f"--tolerance {tolerance} is negative.", "", "Pass a fraction such as 0.05.")
+        if not 0 <= tolerance <= 10:  # NaN too: "ratio > 1 + nan" is never true, so nothing would ever fail
+            raise UsageError(f"--tolerance {tolerance} is not a fraction between 0 and 10.", "A regression gate with "
+                             "no finite bound passes everything.", "Pass a fraction such as 0.05.")
         from sprite.parity.bench.compare import compare, load
 
         rows = compare(load(old), load(new), tolerance)

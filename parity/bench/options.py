@@ -18,6 +18,12 @@ def _sweep(text: str, devices: int) -> tuple[int, ...]:
     if not worlds or min(worlds) < 1 or len(set(worlds)) != len(worlds):
         raise UsageError(f"--sweep {text!r} is not a list of distinct world sizes.", "",
                          "Write it as comma-separated rank counts, e.g. --sweep 1,2,4.")
+    from sprite.values.grammar import MAX_RANKS_PER_NODE
+
+    if not devices and max(worlds) > MAX_RANKS_PER_NODE:  # each point on one node: more ranks than a node takes
+        raise UsageError(f"--sweep {text} puts {max(worlds)} ranks on one node, more than {MAX_RANKS_PER_NODE}.",
+                         "Without --devices every point runs on one node.",
+                         "Pass --devices N (ranks per node) to spread the larger points over nodes.")
     bad = [w for w in worlds if devices and w > devices and w % devices]
     if bad:
         raise UsageError(f"--sweep {text} has {bad[0]} ranks, which --devices {devices} ranks per node cannot fill.",
@@ -38,10 +44,18 @@ def _check_choice(flag: str, value: str, allowed) -> None:
         raise UsageError(f"{flag} {value!r} is not supported.", "", f"Use one of: {', '.join(allowed)}.")
 
 
+MOST_ROWS, MOST_STEPS, MOST_REPEATS = 1 << 20, 1_000_000, 1000  # beyond any benchmark that ends
+
+
 def _counts(batch, seq, steps, warmup, window, repeats, devices, compile_) -> None:
     if min(batch, seq, window, repeats) < 1 or devices < 0:
         raise UsageError("--batch, --seq, --window and --repeats must be at least 1 (and --devices at least 0).",
                          "", "Pass positive counts.")
+    for flag, value, most in (("--batch", batch, MOST_ROWS), ("--seq", seq, MOST_ROWS), ("--steps", steps, MOST_STEPS),
+                              ("--warmup", warmup, MOST_STEPS), ("--repeats", repeats, MOST_REPEATS)):
+        if value > most:  # a launch list of 1e11 repeats was built before anything ran, and hung
+            raise UsageError(f"{flag} {value} is more than {most:,}.", "A benchmark this large never ends.",
+                             f"Pass {flag} {most:,} or less.")
     if steps < window or steps % window:
         raise UsageError(f"--steps {steps} is not a multiple of --window {window}.",
                          "Timed steps are grouped in whole windows.",

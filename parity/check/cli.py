@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import pathlib
 import time
 from typing import List, Optional
@@ -30,7 +31,7 @@ DETAILS = typer.Option(False, "--details", help="also print every check with its
 JSON_OUT = typer.Option(False, "--json", help="print the reports as JSON on stdout (progress goes to stderr)")
 
 
-def _finish(out: pathlib.Path, reports: dict, details: bool, json_out: bool) -> None:
+def _finish(out: pathlib.Path | None, reports: dict, details: bool, json_out: bool, why: str = "") -> None:
     from rich.console import Console
 
     from sprite.parity.check import plot
@@ -38,14 +39,19 @@ def _finish(out: pathlib.Path, reports: dict, details: bool, json_out: bool) -> 
     from sprite.parity.check.report import show
 
     verdict = overall(reports)
-    png = plot.write_png(out, reports)
+    png = plot.write_png(out, reports) if out is not None else None
     if json_out:
         typer.echo(json.dumps({"verdict": verdict, "reports": reports, "plot": str(png) if png else None},
                               indent=1, sort_keys=True, allow_nan=False))
     else:
-        note = f"per-step gaps: {png}" if png else "per-step gaps: install the plot extra (pip install " \
-                                                   "'sprite-hpc[plot]') for a PNG beside the reports"
-        show(reports, verdict, Console(), details, [f"reports: {out}", note])
+        if png or out is None:
+            note = f"per-step gaps: {png}" if png else "per-step gaps: not drawn, no folder to draw them in"
+        elif not plot.available():
+            note = "per-step gaps: install the plot extra (pip install 'sprite-hpc[plot]') for a PNG beside the reports"
+        else:
+            note = "per-step gaps: none to draw (no arm recorded per-step values)"
+        where = f"reports: {out}" if out is not None else f"reports: not written ({why})"
+        show(reports, verdict, Console(), details, [where, note])
     raise typer.Exit(EXIT_OK if verdict == "pass" else 1)
 
 
@@ -123,13 +129,39 @@ app = harness("parity", run_command,
 @app.command("compare")
 def compare_command(directory: pathlib.Path = typer.Argument(..., help="The --out directory of a parity run."),
                     details: bool = DETAILS, json_out: bool = JSON_OUT):
-    """Recompute the verdict from the saved results in DIR (a copy of DIR works too).
+    """Recompute the verdict from the saved results in DIR (a copy of DIR works too, read-only as well). The
+    reports and the plot go to a new folder DIR/compare-N; the run's own are never written over (a folder that
+    takes no new one gets its verdict, unwritten).
 
     Example: sprite parity compare parity-bf16 --details"""
     try:
         from sprite.parity.check.compare import compare
 
-        reports = compare(directory)
+        reports = compare(directory, into=False)
     except SpriteError as err:
         fail(err)
-    _finish(directory, reports, details, json_out)
+    into, why = _fresh_folder(directory)
+    if into is not None:
+        from sprite.parity.check.report import write_json
+
+        for name, report in reports.items():
+            write_json(into / name, report)
+    _finish(into, reports, details, json_out, why)
+
+
+def _fresh_folder(directory: pathlib.Path) -> tuple[pathlib.Path | None, str]:
+    """(``DIR/compare-N``, made now, the first N free; "") or (None, why) where DIR cannot take a folder."""
+    from sprite.integrity import IntegrityError, make_dir_new
+
+    for number in range(1, 10000):
+        into = directory / f"compare-{number}"
+        if os.path.lexists(into):
+            continue
+        try:
+            make_dir_new(into, 0o700)
+            return into, ""
+        except IntegrityError:
+            continue  # made meanwhile by another compare
+        except OSError as err:
+            return None, f"{directory} does not take a new folder: {err.strerror or err}"
+    return None, f"{directory} holds 9,999 compare folders"

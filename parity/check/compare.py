@@ -13,17 +13,23 @@ from sprite.parity import criterion, store
 from sprite.parity.check import bf16
 from sprite.parity.check import faults
 from sprite.parity.check.invariants import invariants
-from sprite.parity.settings import Settings
+from sprite.parity.settings import PRECISIONS, Settings
 
 
 def load_settings(out: pathlib.Path) -> Settings:
     """The run's settings. Raises UsageError when DIR holds no parity run."""
     try:
-        return Settings.from_dict(json.loads((out / "run.json").read_text()))
-    except (OSError, ValueError) as err:
-        raise UsageError(f"{out} holds no readable run.json ({err.__class__.__name__}).",
-                         "The directory is not the --out of a `sprite parity` run, or it was damaged.",
-                         "Pass the --out directory of a parity run.") from None
+        found = json.loads((out / "run.json").read_text())
+        if not isinstance(found, dict):
+            raise TypeError(f"run.json holds a {type(found).__name__}, not an object")
+        settings = Settings.from_dict(found)
+        if settings.precision not in PRECISIONS:
+            raise ValueError(f"precision {settings.precision!r}")
+        return settings
+    except (OSError, ValueError, TypeError) as err:
+        raise UsageError(f"{out} holds no readable parity run.json ({err.__class__.__name__}: "
+                         f"{str(err)[:120]}).", "The directory is not the --out of a `sprite parity` run, or it "
+                         "was damaged.", "Pass the --out directory of a parity run.") from None
 
 
 def _clean_arm(out: pathlib.Path, name: str) -> dict | None:
@@ -75,8 +81,10 @@ def compare_bf16(out: pathlib.Path, settings: Settings) -> tuple[dict, dict | No
     return report, {"expected": list(settings.faults), "cases": results, "verdict": "pass" if passed else "fail"}
 
 
-def compare(out: pathlib.Path) -> dict:
-    """Recomputes every report of the run in ``out``, writes them there and returns them by file name.
+def compare(out: pathlib.Path, into: pathlib.Path | None = None) -> dict:
+    """Recomputes every report of the run in ``out``, writes them into ``into`` (default ``out``, where the run
+    writes its first reports; ``sprite parity compare`` passes a new folder) unless ``into`` is False, and returns
+    them by file name.
 
     Raises UsageError (no run in ``out``) or ResultError (an arm result is incomplete or corrupted).
     """
@@ -90,8 +98,8 @@ def compare(out: pathlib.Path) -> dict:
         reports = {"bf16_report.json": main}
         if fault_report is not None:
             reports["faults_report.json"] = fault_report
-    for name, report in reports.items():
-        write_json(out / name, report)
+    for name, report in reports.items() if into is not False else ():
+        write_json((into or out) / name, report)
     return reports
 
 

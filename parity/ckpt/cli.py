@@ -124,7 +124,7 @@ def compare_command(
 ) -> None:
     """Recompute the verdict from the sealed results and checkpoints in DIR; an altered one fails it.
 
-    Example: sprite ckpt-check compare ckpt-check-out --report again.md"""
+    Example: sprite ckpt-check compare ckpt-check-out --report again.json"""
     try:
         from sprite.parity.ckpt.compare import compare
         from sprite.parity.ckpt.report import write

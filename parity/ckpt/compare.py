@@ -27,9 +27,13 @@ def load_settings(out: pathlib.Path) -> CkptSettings:
     if not (out / RUN).is_file():
         raise UsageError(f"{out} holds no {RUN}.", "It is not the --out directory of a `sprite ckpt-check` run.",
                          "Pass the --out directory of a checkpoint check.")
+    if not os.path.lexists(integrity.manifest_path(out / RUN)):  # ckpt-check seals its run.json; parity does not
+        raise UsageError(f"{out / RUN} has no manifest: {out} is not the --out of a `sprite ckpt-check` run.",
+                         "It may be another check's folder (sprite parity's), or its manifest was removed.",
+                         "Pass the --out directory of a checkpoint check.")
     verdict = integrity.verify(out / RUN)
     if not verdict.valid:
-        raise ResultError(f"{out / RUN} is not valid: {verdict.reason}.", "It was changed after the run.",
+        raise ResultError(f"{out / RUN} is not valid: {verdict.reason.rstrip('.')}.", "It was changed after the run.",
                           "Run the check again into a fresh --out.")
     return CkptSettings.from_dict(json.loads((out / RUN).read_text()))
 
@@ -39,9 +43,14 @@ def launch_outcome(out: pathlib.Path, key: str) -> str:
     path = out / "launches" / f"{key}.json"
     if not path.is_file():
         return f"not executed: launch {key} never started"
-    record = json.loads(path.read_text())
-    if record.get("timed_out"):
-        return f"not executed: timed out after {record['limit_s']:g} s"
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict):
+            raise TypeError(f"a {type(record).__name__}, not an object")
+        if record.get("timed_out"):
+            return f"not executed: timed out after {float(record['limit_s']):g} s"
+    except (OSError, ValueError, TypeError, KeyError) as err:  # the launch records are not sealed
+        return f"not executed: launch {key}'s record {path.name} cannot be read ({type(err).__name__}: {err})"
     if record.get("cancelled"):
         return f"not executed: launch {key} was stopped when the check ended (a time-out or an interrupt)"
     if record.get("skipped"):
