@@ -84,6 +84,8 @@ def test_a_restore_differs_only_where_the_state_differs():
     (["--model", "Qwen/Qwen2.5-0.5B"], "hub"),
     (["--time-limit", "0"], "--time-limit"),
     (["--slots", "1"], "--slots"),
+    (["--devices", "99999999999999999999"], "--devices 99999999999999999999 is more than 1,024"),  # "even number"
+    (["--slots", "99999999999999999999"], "--slots 99999999999999999999 is more than 4,096"),  # it ran the check
 ])
 def test_bad_usage_exits_2_before_anything_is_written(args, words, tmp_path):
     result = CliRunner().invoke(app, ["--out", str(tmp_path / "never"), *args])
