@@ -175,7 +175,7 @@ def test_missing_fault_case_is_not_executed_and_fails(bf16_3, tmp_path):
     shutil.copytree(bf16_3[0], copy)
     (copy / "fault_wrong-scale" / "fsdp" / "sprite-manifest.json").unlink()
     code, _ = invoke("compare", str(copy))
-    cases = _report(copy, "faults_report.json")["cases"]
+    cases = _report(copy / "compare-1", "faults_report.json")["cases"]  # the run's own report stays as it was
     assert code == 1
     assert [c["status"] for c in cases] == ["rejected"] * 3 + ["not executed"] + ["rejected"] * 4
 
