@@ -11,6 +11,15 @@ import pathlib
 from sprite.errors import UsageError
 
 
+def at_most(*limits: tuple[str, float, float]) -> None:
+    """Raises UsageError for the first ``(flag, value, most)`` whose value is over ``most``: a count this large is
+    a typo, and would build a launch list or a world that never ends."""
+    for flag, value, most in limits:
+        if value > most:
+            raise UsageError(f"{flag} {value} is more than {most:,}.", "A run this large never ends.",
+                             f"Pass {flag} {most:,} or less.")
+
+
 def check_common(command: str, precision: str, accelerator: str, model: str, precision_cause: str) -> str:
     """Checks --precision, --accelerator, --model and the optional extra; returns the model as the ranks get it
     (a preset name, or the absolute path of a local checkpoint directory)."""

@@ -51,11 +51,10 @@ def _counts(batch, seq, steps, warmup, window, repeats, devices, compile_) -> No
     if min(batch, seq, window, repeats) < 1 or devices < 0:
         raise UsageError("--batch, --seq, --window and --repeats must be at least 1 (and --devices at least 0).",
                          "", "Pass positive counts.")
-    for flag, value, most in (("--batch", batch, MOST_ROWS), ("--seq", seq, MOST_ROWS), ("--steps", steps, MOST_STEPS),
-                              ("--warmup", warmup, MOST_STEPS), ("--repeats", repeats, MOST_REPEATS)):
-        if value > most:  # a launch list of 1e11 repeats was built before anything ran, and hung
-            raise UsageError(f"{flag} {value} is more than {most:,}.", "A benchmark this large never ends.",
-                             f"Pass {flag} {most:,} or less.")
+    from sprite.parity.usage import at_most
+
+    at_most(("--batch", batch, MOST_ROWS), ("--seq", seq, MOST_ROWS), ("--steps", steps, MOST_STEPS),
+            ("--warmup", warmup, MOST_STEPS), ("--repeats", repeats, MOST_REPEATS))  # 1e11 repeats: a hang
     if steps < window or steps % window:
         raise UsageError(f"--steps {steps} is not a multiple of --window {window}.",
                          "Timed steps are grouped in whole windows.",

@@ -35,12 +35,11 @@ def settings_from(precision: str, devices: int, nodes: int, model: str, accelera
 
     model = check_common("ckpt-check", precision, accelerator, model,
                          "The check runs the recipe in FP32 or under BF16 autocast.")
+    from sprite.parity.usage import at_most
     from sprite.values.grammar import MAX_RANKS_PER_NODE
 
-    for flag, value, most in (("--devices", devices, MAX_RANKS_PER_NODE), ("--nodes", nodes, 100_000),
-                              ("--time-limit", time_limit, 30 * 86400), ("--slots", slots, 4096)):
-        if value > most:  # the even-count message below named the wrong cause for these
-            raise UsageError(f"{flag} {value} is more than {most:,}.", "", f"Pass {flag} {most:,} or less.")
+    at_most(("--devices", devices, MAX_RANKS_PER_NODE), ("--nodes", nodes, 100_000),
+            ("--time-limit", time_limit, 30 * 86400), ("--slots", slots, 4096))  # before the even-count check
     world = devices * nodes
     if devices < 1 or nodes < 1 or world < 2 or (devices % 2 and nodes % 2):
         raise UsageError(f"--devices {devices} --nodes {nodes} gives {world} rank(s).",

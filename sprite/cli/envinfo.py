@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Mapping
 
 from sprite import contract, schedulers
-from sprite.errors import UsageError, one_line
 from sprite.launch import devicecount
 from sprite.spec import secrets as secret_env
 from sprite.spec import sites
@@ -28,13 +27,7 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
     masked) and the names of this environment's variables the site's patterns make secrets (values never shown).
     Raises UsageError for a bad site."""
     alloc = schedulers.discover(environ, hostname=socket.gethostname())
-    try:
-        site = sites.load(site_name or environ.get("SPRITE_SITE") or "local")
-    except UsageError as err:
-        if site_name or not environ.get("SPRITE_SITE"):
-            raise
-        raise UsageError(f"SPRITE_SITE={one_line(environ['SPRITE_SITE'], 100)}: {err.what}", err.cause,
-                         err.fix) from None
+    site = sites.choose({"site": site_name} if site_name else {}, {}, None, environ)  # names the flag or variable
     device, count = count_devices(environ, sysfs)
     accelerator = site.job.get("accelerator", "auto")
     site_env = site.job.get("env", {})

@@ -88,15 +88,13 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, blo
 
 
 def _flag_text(value) -> str:
-    """A spec value as its flag reads it back: a number of seconds without float noise (1.1 h is
-    3960.0000000000005 s, more decimals than a duration may have), anything else as text."""
+    """A spec value as its flag reads it back: a number of seconds (a float, or the cadence's float text) without
+    float noise (1.1 h is 3960.0000000000005 s, more decimals than a duration may have), anything else as text."""
     try:
-        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+        number = float(value) if isinstance(value, (float, str)) else None
     except ValueError:
         number = None
-    if number is None or isinstance(value, int) or number != number or number in (float("inf"), -float("inf")):
-        return str(value)
-    return f"{number:.9f}".rstrip("0").rstrip(".")
+    return str(value) if number is None else f"{number:.9f}".rstrip("0").rstrip(".")
 
 
 def _from_block(file_layer: dict, block) -> dict:
