@@ -27,6 +27,51 @@ class ResultError(SpriteError):
     """A saved arm result is missing, incomplete or does not match its manifest."""
 
 
+SETTINGS = "run.json"  # a check's settings, sealed as it starts (parity's and ckpt-check's)
+PARITY = "sprite parity settings"  # the check each one's manifest names (its meta's "what")
+CKPT_CHECK = "sprite ckpt-check settings"
+
+
+def write_settings(out: pathlib.Path, data: bytes, what: str) -> None:
+    """Writes a check's settings to a new ``out/run.json`` and seals it with ``what`` in its manifest (the check's
+    name), so that an edit after the run (a fault left out of the settings skips its report) fails the compare."""
+    integrity.write_new(out / SETTINGS, data)
+    integrity.seal(out / SETTINGS, {"what": what})
+
+
+def read_settings(out: pathlib.Path, what: str, command: str) -> dict:
+    """The settings ``write_settings`` sealed in ``out`` for the check named ``what``, as a dict. Raises UsageError
+    when ``out`` holds none of that check's (no run.json, no manifest, another check's), ResultError when the
+    file changed after the run. ``command``: the check's command, for the messages."""
+    from sprite.errors import UsageError
+
+    path = out / SETTINGS
+    fix = f"Pass the --out directory of a `{command}` run."
+    if not path.is_file():
+        raise UsageError(f"{out} holds no {SETTINGS}.", f"It is not the --out directory of a `{command}` run.", fix)
+    verdict = integrity.verify(path)
+    if verdict.manifest is None and not os.path.lexists(integrity.manifest_path(path)):
+        raise UsageError(f"{path} has no manifest: {out} is not the --out of a `{command}` run.",
+                         "It may be another check's folder, one written before sprite sealed this file, or its "
+                         "manifest was removed.", fix + " An older run's verdict is in its report files.")
+    if not verdict.valid:
+        raise ResultError(f"{path} is not valid: {verdict.reason.rstrip('.')}.", "It was changed after the run.",
+                          "Run the check again into a fresh --out.")
+    found = (verdict.manifest.get("meta") or {}).get("what")
+    if found != what:
+        raise UsageError(f"{out} holds the settings of {str(found)[:60]!r}, not of {what!r}.",
+                         "It is the --out of another check.", fix)
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"it holds a {type(data).__name__}, not an object")
+    except (OSError, ValueError, TypeError) as err:
+        raise ResultError(f"{path} cannot be read ({type(err).__name__}: {str(err)[:120]}).",
+                          "It changed after its manifest was checked, or the disk failed.",
+                          "Run the check again into a fresh --out.") from None
+    return data
+
+
 def clean(value):
     """Returns ``value`` with every non-finite float replaced by None, so JSON stays NaN-free."""
     if isinstance(value, float):

@@ -202,7 +202,7 @@ def test_a_fault_is_rejected_only_for_the_checks_attributable_to_it():
 
 
 def test_compare_refuses_another_checks_folder_and_reads_an_edited_launch_record_without_a_traceback(tmp_path):
-    """A parity folder (its run.json unsealed) is not a ckpt-check folder: exit 2, not "changed after the run";
+    """A folder whose run.json is unsealed is not a ckpt-check folder: exit 2, not "changed after the run";
     a launch record edited into a list or stripped of its limit names itself instead of raising."""
     from sprite.errors import UsageError
     from sprite.parity.ckpt import compare as ckpt_compare

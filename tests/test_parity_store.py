@@ -77,18 +77,68 @@ def test_a_world_that_cannot_be_planned_is_refused_before_anything_is_written(tm
     assert not (tmp_path / "out").exists()
 
 
-def test_single_device_arms_use_the_runtime_device_table():
+def test_single_device_arms_use_the_runtime_device_table(monkeypatch):
+    """pick_device follows sprite's device table and its preference: with a FAKE xpu row that says it is
+    available (this machine has none), "auto" picks xpu; with the row unavailable, the next that is."""
     import torch
 
     from sprite.errors import UsageError
     from sprite.parity.recipe import pick_device
-    from sprite.runtime.devices import device_type
+    from sprite.runtime import devices
 
-    assert pick_device("auto").type == device_type("auto").name  # the row the ddp/fsdp arms' runtime picks
-    assert pick_device("cpu") == torch.device("cpu")
+    class Available:
+        name = "xpu"
+
+        def is_available(self):
+            return True
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert pick_device("auto") == torch.device(expected) and pick_device("cpu") == torch.device("cpu")
+    monkeypatch.setitem(devices.DEVICE_TABLE, "xpu", Available())
+    assert pick_device("auto") == torch.device("xpu") and pick_device("xpu") == torch.device("xpu")
+    monkeypatch.undo()
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="sees no cuda device"):
             pick_device("cuda")
+    with pytest.raises(UsageError, match="Unknown accelerator 'tpu'"):
+        pick_device("tpu")
+
+
+def test_a_checks_sealed_settings_are_read_only_by_that_check_and_an_edit_fails_the_compare(tmp_path):
+    """parity's and ckpt-check's run.json are sealed as the check starts (store.write_settings): a fault taken out
+    of parity's settings after the run (its report would be skipped) fails the compare (exit 1); each check refuses
+    the other's folder and an unsealed one (exit 2)."""
+    from sprite import integrity
+    from sprite.errors import UsageError
+    from sprite.parity import store
+    from sprite.parity.check import compare
+    from sprite.parity.check.runner import claim_dir
+    from sprite.parity.ckpt import compare as ckpt_compare
+    from sprite.parity.ckpt.runner import claim_dir as claim_ckpt
+    from sprite.parity.ckpt.settings import CkptSettings
+
+    parity, ckpt = tmp_path / "parity", tmp_path / "ckpt"
+    settings = Settings(precision="bf16-mixed", faults=("wrong-scale",))
+    claim_dir(parity, settings)
+    claim_ckpt(ckpt, CkptSettings())
+    assert compare.load_settings(parity) == settings and ckpt_compare.load_settings(ckpt) == CkptSettings()
+    with pytest.raises(UsageError, match="holds the settings of 'sprite ckpt-check settings', not of 'sprite parity"):
+        compare.load_settings(ckpt)
+    with pytest.raises(UsageError, match="holds the settings of 'sprite parity settings', not of 'sprite ckpt-check"):
+        ckpt_compare.load_settings(parity)
+    path = parity / "run.json"
+    edited = {**json.loads(path.read_text()), "faults": []}
+    os.chmod(path, 0o600)
+    path.write_text(json.dumps(edited))
+    with pytest.raises(store.ResultError, match="run.json is not valid: .*It was changed after the run") as err:
+        compare.compare(parity, into=False)
+    assert err.value.exit_code == 1
+    os.unlink(integrity.manifest_path(path))  # the manifest removed too: not a parity run (exit 2)
+    with pytest.raises(UsageError, match="has no manifest: .* is not the --out of a `sprite parity` run") as err:
+        compare.load_settings(parity)
+    assert err.value.exit_code == 2
+    with pytest.raises(UsageError, match="holds no run.json"):
+        compare.load_settings(tmp_path)
 
 
 def test_the_three_harnesses_launch_their_workers_with_the_same_fields(tmp_path, monkeypatch):

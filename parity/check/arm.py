@@ -8,11 +8,11 @@ negative control), refusing to overwrite anything there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import sys
 
+from sprite.parity import store
 from sprite.parity.settings import SINGLE_ARMS, Settings
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arm", required=True)
     parser.add_argument("--fault", default=None)
     args = parser.parse_args(argv)
-    settings = Settings.from_dict(json.loads((args.out / "run.json").read_text()))
+    settings = Settings.from_dict(store.read_settings(args.out, store.PARITY, "sprite parity"))
     target = arm_dir(args.out, args.arm, args.fault)
     meta = _meta(settings, args.arm, args.fault)
     if args.arm in SINGLE_ARMS:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import pathlib
 
-from sprite.errors import UsageError
 from sprite.parity import criterion, store
 from sprite.parity.check import bf16
 from sprite.parity.check import faults
@@ -17,19 +16,18 @@ from sprite.parity.settings import PRECISIONS, Settings
 
 
 def load_settings(out: pathlib.Path) -> Settings:
-    """The run's settings. Raises UsageError when DIR holds no parity run."""
+    """The run's settings. Raises UsageError when DIR holds no parity run, ResultError when its run.json changed
+    after the run (store.read_settings)."""
+    found = store.read_settings(out, store.PARITY, "sprite parity")
     try:
-        found = json.loads((out / "run.json").read_text())
-        if not isinstance(found, dict):
-            raise TypeError(f"run.json holds a {type(found).__name__}, not an object")
         settings = Settings.from_dict(found)
         if settings.precision not in PRECISIONS:
             raise ValueError(f"precision {settings.precision!r}")
         return settings
-    except (OSError, ValueError, TypeError) as err:
-        raise UsageError(f"{out} holds no readable parity run.json ({err.__class__.__name__}: "
-                         f"{str(err)[:120]}).", "The directory is not the --out of a `sprite parity` run, or it "
-                         "was damaged.", "Pass the --out directory of a parity run.") from None
+    except (ValueError, TypeError) as err:
+        raise store.ResultError(f"{out / store.SETTINGS} holds no parity settings ({err.__class__.__name__}: "
+                                f"{str(err)[:120]}).", "It was written by another version of sprite.",
+                                "Run the check again into a fresh --out.") from None
 
 
 def _clean_arm(out: pathlib.Path, name: str) -> dict | None:

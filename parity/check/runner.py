@@ -18,7 +18,8 @@ from sprite.parity.launch import arm_overrides, launch_arm
 from sprite.parity.pool.host import ENDED, Pool
 from sprite.parity.progress import ProgressBoard, processes
 from sprite.parity.settings import DISTRIBUTED_ARMS, SINGLE_ARMS, Settings, arm_world
-from sprite.parity.store import ResultError, write_new
+from sprite.parity import store
+from sprite.parity.store import ResultError
 from sprite.parity.outdir import make_out
 
 
@@ -41,7 +42,7 @@ def claim_dir(out: pathlib.Path, settings: Settings) -> None:
                          "It holds an earlier run (arms never overwrite results).",
                          f"Pass a fresh directory, or recompute the old verdict with `sprite parity compare {out}`.")
     make_out(owner_only.make_dirs, out)  # 0700: results and logs inside are for their owner only
-    write_new(out / "run.json", settings.to_json().encode())
+    store.write_settings(out, settings.to_json().encode(), store.PARITY)
 
 
 def _label(arm: str, fault: str | None) -> str:

@@ -11,31 +11,19 @@ import os
 import pathlib
 
 from sprite import integrity
-from sprite.errors import UsageError
 from sprite.parity.ckpt import results as ckpt_results
 from sprite.parity.ckpt.gaps import gaps
 from sprite.parity.ckpt.judge import arm_checks, fault_case, moved, moved_checks
 from sprite.parity.ckpt.roles import checkpoint, consolidated, expected_results, launches, result_dir, training_arm
 from sprite.parity.ckpt.settings import ARMS, FAULTS, CkptSettings
+from sprite.parity import store
 from sprite.parity.store import ResultError
 
-RUN = "run.json"
 
 
 def load_settings(out: pathlib.Path) -> CkptSettings:
     """The check's settings. Raises UsageError when DIR holds no check; ResultError when run.json was altered."""
-    if not (out / RUN).is_file():
-        raise UsageError(f"{out} holds no {RUN}.", "It is not the --out directory of a `sprite ckpt-check` run.",
-                         "Pass the --out directory of a checkpoint check.")
-    if not os.path.lexists(integrity.manifest_path(out / RUN)):  # ckpt-check seals its run.json; parity does not
-        raise UsageError(f"{out / RUN} has no manifest: {out} is not the --out of a `sprite ckpt-check` run.",
-                         "It may be another check's folder (sprite parity's), or its manifest was removed.",
-                         "Pass the --out directory of a checkpoint check.")
-    verdict = integrity.verify(out / RUN)
-    if not verdict.valid:
-        raise ResultError(f"{out / RUN} is not valid: {verdict.reason.rstrip('.')}.", "It was changed after the run.",
-                          "Run the check again into a fresh --out.")
-    return CkptSettings.from_dict(json.loads((out / RUN).read_text()))
+    return CkptSettings.from_dict(store.read_settings(out, store.CKPT_CHECK, "sprite ckpt-check"))
 
 
 def launch_outcome(out: pathlib.Path, key: str) -> str:

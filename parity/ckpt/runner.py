@@ -27,6 +27,7 @@ from rich.console import Console
 from sprite import integrity
 from sprite.integrity import owner_only
 from sprite.errors import UsageError
+from sprite.parity import store
 from sprite.parity.ckpt.roles import Launch, launches, result_dir
 from sprite.parity.ckpt.settings import CkptSettings
 from sprite.parity.launch import job_fields, launch
@@ -63,8 +64,7 @@ def claim_dir(out: pathlib.Path, settings: CkptSettings) -> None:
                          "It holds an earlier check (results are never overwritten).",
                          f"Pass a new directory, or recompute the old verdict with `sprite ckpt-check compare {out}`.")
     make_out(lambda path: (owner_only.make_dirs(path.parent), integrity.make_dir_new(path)), out)
-    integrity.write_new(out / "run.json", settings.to_json().encode())
-    integrity.seal(out / "run.json", {"what": "sprite ckpt-check settings"})
+    store.write_settings(out, settings.to_json().encode(), store.CKPT_CHECK)
 
 
 def _record(out: pathlib.Path, key: str, **outcome) -> None:

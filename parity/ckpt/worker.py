@@ -9,11 +9,11 @@ into a single file first.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import sys
 
+from sprite.parity import store
 from sprite.parity.ckpt.roles import Launch, checkpoint, consolidated, fault_dir, launches, result_dir
 from sprite.parity.ckpt.settings import EXPORTED, FAULTS, CkptSettings
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=pathlib.Path)
     parser.add_argument("--launch", required=True)
     args = parser.parse_args(argv)
-    settings = CkptSettings.from_dict(json.loads((args.out / "run.json").read_text()))
+    settings = CkptSettings.from_dict(store.read_settings(args.out, store.CKPT_CHECK, "sprite ckpt-check"))
     launch = next(item for item in launches(settings) if item.key == args.launch)
     from sprite.parity.ckpt.fit import fit
 
