@@ -24,7 +24,7 @@ def check_common(command: str, precision: str, accelerator: str, model: str, pre
     """Checks --precision, --accelerator, --model and the optional extra; returns the model as the ranks get it
     (a preset name, or the absolute path of a local checkpoint directory)."""
     from sprite.contract import ACCELERATORS
-    from sprite.parity.settings import PRECISIONS, PRESETS
+    from sprite.parity.settings import PRECISIONS
 
     if precision not in PRECISIONS:
         raise UsageError(f"--precision {precision!r} is not supported.", precision_cause,
@@ -38,8 +38,51 @@ def check_common(command: str, precision: str, accelerator: str, model: str, pre
         raise UsageError(f"sprite {command} needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
                          " not installed here.", "They are an optional extra of sprite (the LoRA recipe).",
                          "pip install 'sprite-hpc[parity]' (or peft and transformers), then run again.")
-    if model not in PRESETS and not (pathlib.Path(model) / "config.json").is_file():
-        raise UsageError(f"--model {model!r} is neither a preset nor a checkpoint directory.",
+    check_build(accelerator)
+    return check_model(model)
+
+
+def check_model(model: str) -> str:
+    """``model`` as the ranks get it: a preset name, or the absolute path of a local checkpoint folder whose
+    config.json is a JSON object naming its ``model_type`` (what transformers' AutoModel builds from). Raises
+    UsageError otherwise: the hub is never contacted, and a config the arms cannot build from would fail every
+    arm after the run began."""
+    import json
+
+    from sprite.parity.settings import PRESETS
+
+    if model in PRESETS:
+        return model
+    config = pathlib.Path(model) / "config.json"
+    if not config.is_file():
+        raise UsageError(f"--model {model[:200]!r} is neither a preset nor a checkpoint folder.",
                          "Hub ids are not fetched (the hub is never contacted).",
-                         f"Pass {', '.join(PRESETS)} or a local directory holding config.json.")
-    return model if model in PRESETS else str(pathlib.Path(model).resolve())
+                         f"Pass {', '.join(PRESETS)} or a local folder holding config.json.")
+    try:
+        found = json.loads(config.read_bytes()[:10_000_000])
+        kind = found.get("model_type") if isinstance(found, dict) else None
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{str(config)[:200]} cannot be read as JSON ({type(err).__name__}).",
+                         "The folder was not written by save_pretrained, or the file is damaged.",
+                         "Pass a folder saved with save_pretrained, or a preset.") from None
+    if not isinstance(kind, str) or not kind:
+        raise UsageError(f"{str(config)[:200]} names no model_type.",
+                         "transformers builds a model from its config's model_type; this folder was not written by "
+                         "save_pretrained, or its config was cut short.",
+                         "Pass a folder saved with save_pretrained, or a preset.")
+    return str(pathlib.Path(model).resolve())
+
+
+def check_build(accelerator: str) -> None:
+    """Refuses ``--accelerator cuda`` or ``xpu`` where this Python's torch was built without that device (a CPU
+    build never sees one): every arm would fail after the run began. Read without importing torch
+    (``devicecount.torch_build``); nothing is refused where the build cannot be told. The arms run this Python."""
+    from sprite.launch import devicecount
+
+    if accelerator not in ("cuda", "xpu"):
+        return
+    build = devicecount.torch_build()
+    if build and build != accelerator:
+        raise UsageError(f"--accelerator {accelerator} cannot run here: this Python's torch is a {build} build.",
+                         f"The job runs in an environment whose torch was installed without {accelerator} support.",
+                         f"Run in the environment of a {accelerator} build of torch, or pass --accelerator {build}.")

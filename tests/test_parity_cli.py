@@ -138,3 +138,30 @@ def test_json_prints_the_verdict_reports_and_plot_on_stdout_and_the_progress_on_
     assert code == 0 and json.loads(out) == {"verdict": "pass", "reports": {"fp32_report.json": {"verdict": "pass"}},
                                              "plot": None}
     assert f"results: {tmp_path / 'x'}" in err and "comparing" in err
+
+
+@pytest.mark.parametrize("name", HARNESSES)
+def test_a_model_folder_the_arms_cannot_build_and_a_torch_build_without_the_device_are_refused_first(
+        capsys, tmp_path, monkeypatch, name):
+    """A config.json that is not JSON or names no model_type, and --accelerator cuda where this Python's torch is a
+    CPU build (a FAKE build answer, so the test means the same on a GPU machine), used to fail every arm after the
+    run began (exit 1): each is one line, exit 2, before --out is made."""
+    from sprite.launch import devicecount
+
+    model = tmp_path / "model"
+    model.mkdir()
+    out = str(tmp_path / "out")
+    for body, said in (("{}", "config.json names no model_type."), ("[1", "cannot be read as JSON"),
+                       ("[1]", "config.json names no model_type.")):
+        (model / "config.json").write_text(body)
+        code, _, err = sprite(capsys, name, "--out", out, "--model", str(model))
+        assert code == 2 and said in err and err.count("\n") == 1, err
+    monkeypatch.setattr(devicecount, "torch_build", lambda: "cpu")
+    code, _, err = sprite(capsys, name, "--out", out, "--accelerator", "cuda")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--accelerator cuda cannot run here: this Python's torch is a cpu build" in err
+    assert "pass --accelerator cpu." in err
+    monkeypatch.setattr(devicecount, "torch_build", lambda: "cuda")  # the same build: no refusal from this check
+    code, _, err = sprite(capsys, name, "--out", out, "--accelerator", "cuda", *HARNESSES[name][0])
+    assert code == 2 and err.startswith(f"sprite: error: {HARNESSES[name][1]}"), err
+    assert not (tmp_path / "out").exists()

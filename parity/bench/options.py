@@ -5,7 +5,6 @@ flag (exit code 2). No torch.
 from __future__ import annotations
 
 import importlib.util
-import pathlib
 
 from sprite.errors import UsageError
 
@@ -69,7 +68,6 @@ def settings_from(model, lora, strategy, batch, seq, precision, steps, warmup, w
     """Validated BenchSettings. Raises UsageError for anything out of range, naming the flag."""
     from sprite.contract import ACCELERATORS
     from sprite.parity.bench.settings import ATTENTIONS, BASELINES, PRECISIONS, STRATEGIES, BenchSettings
-    from sprite.parity.settings import PRESETS
 
     for flag, value, allowed in (("--strategy", strategy, STRATEGIES), ("--precision", precision, PRECISIONS),
                                  ("--accelerator", accelerator, ACCELERATORS), ("--attention", attention, ATTENTIONS)):
@@ -80,13 +78,13 @@ def settings_from(model, lora, strategy, batch, seq, precision, steps, warmup, w
         raise UsageError("--baseline lightning cannot run on xpu.", "Lightning has no XPU accelerator without sprite.",
                          "Drop --baseline lightning on XPU (--baseline raw still runs).")
     _counts(batch, seq, steps, warmup, window, repeats, devices, compile_)
-    if model not in PRESETS and not (pathlib.Path(model) / "config.json").is_file():
-        raise UsageError(f"--model {model!r} is neither a preset nor a checkpoint folder.",
-                         "The hub is never contacted.",
-                         f"Pass {', '.join(PRESETS)} or a local folder holding config.json.")
+    from sprite.parity.usage import check_build, check_model
+
+    check_build(accelerator)
+    model = check_model(model)
     _needs(lora)
     return BenchSettings(
-        model=model if model in PRESETS else str(pathlib.Path(model).resolve()), lora=lora, strategy=strategy,
+        model=model, lora=lora, strategy=strategy,
         batch=batch, seq=seq, precision=precision, steps=steps, warmup=warmup, window=window,
         sweep=_sweep(sweep, devices), devices=devices, baselines=tuple(dict.fromkeys(baseline)), repeats=repeats,
         compile=compile_, measure_peak=measure_peak, accelerator=accelerator, attention=attention)
