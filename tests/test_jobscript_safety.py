@@ -138,3 +138,31 @@ def test_every_run_key_of_a_spec_reaches_the_job_scripts_sprite_run(tmp_path, mo
     # an mtbf alone is unused from a spec, and refused as a flag: not written (the job's run would exit 2)
     argv, parsed = reparsed({"mtbf": "24h"})
     assert "--mtbf" not in argv and "mtbf" not in parsed
+    # a spec's false is written as --no-FLAG: without it the job's run took the site profile's true back
+    argv, parsed = reparsed({"preflight": False, "requeue": False, "keep_stage": False})
+    assert {"--no-preflight", "--no-requeue", "--no-keep-stage"} <= set(argv)
+    assert (parsed["preflight"], parsed["requeue"], parsed["keep_stage"]) == (False, False, False)
+
+
+def test_a_no_flag_overrides_a_site_profiles_true(tmp_path):
+    """--no-preflight, --no-requeue and --no-keep-stage win over a site profile that says true (seen in the dry
+    run: no preflight line, the staged copy removed, no refusal of a requeue outside a batch job)."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site.yaml"
+    site.write_text("name: mine\nscheduler: none\nmpi: hydra\njob:\n  accelerator: cpu\n  preflight: true\n"
+                    "  requeue: true\n  keep_stage: true\n  stage: auto\n")
+    (tmp_path / "train.py").write_text("print(1)\n")
+
+    def dry(*flags):
+        return subprocess.run([sys.executable, "-m", "sprite", "run", "--site", str(site), "--devices", "2",
+                               *flags, "--dry-run", str(tmp_path / "train.py")], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=60)
+
+    site_true = dry()
+    assert site_true.returncode == 2 and "--requeue asks the batch system" in site_true.stderr, site_true.stderr
+    kept = dry("--no-requeue")
+    assert kept.returncode == 0 and "preflight: first" in kept.stdout and "; kept)" in kept.stdout, kept.stdout
+    off = dry("--no-requeue", "--no-preflight", "--no-keep-stage")
+    assert off.returncode == 0 and "preflight" not in off.stdout and "removed at the end" in off.stdout, off.stdout

@@ -99,10 +99,12 @@ def run(
         "for the node's ranks, else the thread; process without that room falls back to the thread, saying why"),
     preempt_signal: Optional[str] = typer.Option(None, "--preempt-signal", help="USR1 (default), USR2 or none: on "
                                                  "it the ranks checkpoint at the next step and exit 75"),
-    requeue: bool = typer.Option(False, "--requeue", help="after the ranks stopped for preemption, ask the batch "
-                                 "system to run this job again (job scripts pass it)"),
-    preflight: bool = typer.Option(False, "--preflight", help="first check every node (sprite preflight); failed "
-                                   "nodes are left out when the allocation has room, else exit 1"),
+    requeue: Optional[bool] = typer.Option(None, "--requeue/--no-requeue", help="after the ranks stopped for "
+                                           "preemption, ask the batch system to run this job again (job scripts "
+                                           "pass it); --no-requeue overrides a spec's or site's requeue: true"),
+    preflight: Optional[bool] = typer.Option(None, "--preflight/--no-preflight", help="first check every node "
+                                             "(sprite preflight); failed nodes are left out when the allocation has "
+                                             "room, else exit 1; --no-preflight overrides a spec's or site's true"),
     preflight_fault: Optional[List[str]] = typer.Option(None, "--preflight-fault", metavar="HOST:KIND",
                                                         help="a negative control for --preflight (tests)"),
     no_checks: bool = typer.Option(False, "--no-checks", help="skip the fit-start checks (world block, warnings)"),
@@ -119,7 +121,8 @@ def run(
                                         "$TMPDIR; DIR: an absolute node-local folder that does not exist yet) and "
                                         "run the ranks from it; the archive is cached in $SPRITE_STAGE_CACHE or "
                                         "~/.cache/sprite/stage"),
-    keep_stage: bool = typer.Option(False, "--keep-stage", help="leave the staged copy on the nodes at the end"),
+    keep_stage: Optional[bool] = typer.Option(None, "--keep-stage/--no-keep-stage", help="leave the staged copy on "
+                                              "the nodes at the end; --no-keep-stage overrides a spec's or site's true"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> int:
@@ -140,14 +143,14 @@ def run(
         "env": _env_pairs(env), "master_port": master_port, "pass_env": _env_names(env),
         "secrets": list(secret) if secret else None, "resume": resume,
         "checks": "off" if no_checks else ("strict" if strict else None), "cpu_bind": cpu_bind,
-        "log_dir": log_dir, "ranks": ranks, "stage": stage, "keep_stage": True if keep_stage else None,
+        "log_dir": log_dir, "ranks": ranks, "stage": stage, "keep_stage": keep_stage,
         "stall_timeout": stall_timeout, "first_step_timeout": first_step_timeout, "save_timeout": save_timeout,
         "retries": retries, "spare_nodes": spare_nodes,
-        "preempt_signal": preempt_signal, "requeue": True if requeue else None,
+        "preempt_signal": preempt_signal, "requeue": requeue,
         "checkpoint_every": checkpoint_every, "mtbf": mtbf, "keep": keep,
         "checkpoint_writer": checkpoint_writer,
     }
-    flags["preflight"] = True if preflight else None
+    flags["preflight"] = preflight
     run_state, launch = entry.prepare(flags, spec, run_dir, allow_literal_secrets=allow_literal_secrets)
     from sprite.cli import preflight as cli_preflight
 

@@ -31,7 +31,7 @@ TEMPLATE = "job.sh.tmpl"
 VALUE_FLAGS = ("nodes", "devices", "accelerator", "strategy", "precision", "launcher", "mpi", "master_port", "resume",
                "stall_timeout", "first_step_timeout", "save_timeout", "retries", "spare_nodes", "preempt_signal",
                "cpu_bind", "log_dir", "ranks", "stage", "checkpoint_every", "mtbf", "keep", "checkpoint_writer")
-SWITCH_FLAGS = ("requeue", "preflight", "keep_stage")  # true: the flag alone
+SWITCH_FLAGS = ("requeue", "preflight", "keep_stage")  # true: --flag; false: --no-flag (over the site's true)
 
 
 def check_text(key: str, text: str) -> str:
@@ -81,7 +81,7 @@ def run_argv(python: str, site: SiteProfile, file_layer: dict, job: JobSpec, blo
     if layer.get("exclude"):
         argv += ["--exclude", ",".join(layer["exclude"])]
     argv += {"off": ["--no-checks"], "strict": ["--strict"]}.get(layer.get("checks", "on"), [])
-    argv += ["--" + key.replace("_", "-") for key in SWITCH_FLAGS if layer.get(key)]
+    argv += [("--" if layer[key] else "--no-") + key.replace("_", "-") for key in SWITCH_FLAGS if key in layer]
     from_site = [name for name in job.env if name in secret and name not in layer.get("env", {})]
     argv += ["--allow-literal-secrets"] if allow_literal_secrets and from_site else []
     return argv + [job.script or "", *job.args]
