@@ -167,6 +167,23 @@ def test_the_site_is_the_flags_else_the_specs_else_sprite_site_else_local(tmp_pa
     assert assemble({}, str(plain), {})[1].name == "local"
 
 
+def test_a_submission_takes_the_site_sprite_site_names(tmp_path, monkeypatch):
+    """sprite qsub/sbatch follow the same order: $SPRITE_SITE names the site of a spec without site: (they planned
+    and wrote --site local, so an Aurora job ran Hydra's flags, one rank a node), and a site of another batch system
+    is refused as it is for a spec's site:."""
+    from sprite.jobs import submit
+
+    spec = tmp_path / "q.yaml"
+    spec.write_text(f"script: {SCRIPT}\nnodes: 2\nscheduler: {{nodes: 2, account: a, queue: debug}}\n")
+    monkeypatch.setenv("SPRITE_SITE", "aurora")
+    prepared = submit.prepare(str(spec), "pbs", cwd=str(tmp_path))
+    assert " run --site aurora " in prepared.text and "--site local" not in prepared.text, prepared.text
+    assert prepared.launch[0] == "mpiexec" and "--ppn" in prepared.launch, prepared.launch
+    monkeypatch.setenv("SPRITE_SITE", "perlmutter")
+    with pytest.raises(UsageError, match="The site perlmutter schedules jobs with SLURM, not PBS"):
+        submit.prepare(str(spec), "pbs", cwd=str(tmp_path))
+
+
 def test_errors_from_the_environment_are_usage_errors():
     with pytest.raises(UsageError, match="SPRITE_SITE=nosuch: Unknown site"):
         plan_run({"script": SCRIPT}, {"SPRITE_SITE": "nosuch"})

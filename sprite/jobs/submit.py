@@ -113,7 +113,9 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     scheduler = schedulers.get(kind)
     spec_file = locate_spec(spec_name)
     doc = yamldoc.load(spec_file)
-    job, site = plan.assemble({}, spec_file, environ={}, allow_literal_secrets=allow_literal_secrets)
+    # the submitting shell's variables stay out of the spec, but not the site it names (docs/sites.md's order)
+    chosen = {name: os.environ[name] for name in ("SPRITE_SITE",) if name in os.environ}
+    job, site = plan.assemble({}, spec_file, environ=chosen, allow_literal_secrets=allow_literal_secrets)
     site_scheduler = schedulers.get(site.scheduler)
     if site_scheduler.submit_program and site_scheduler is not scheduler:
         raise UsageError(f"The site {site.name} schedules jobs with {site.scheduler.upper()}, not {kind.upper()}.",
