@@ -184,6 +184,23 @@ def test_a_submission_takes_the_site_sprite_site_names(tmp_path, monkeypatch):
         submit.prepare(str(spec), "pbs", cwd=str(tmp_path))
 
 
+def test_a_site_of_another_batch_system_than_the_allocation_is_refused(tmp_path):
+    """A PBS site inside a Slurm allocation planned PALS mpiexec flags there (and the other way round): refused,
+    exit 2; local runs in either, and any site plans outside an allocation (a login node)."""
+    nodes = tmp_path / "nodes"
+    nodes.write_text("h1\nh2\n")
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "nid[001-002]"}
+    pbs = {"PBS_JOBID": "7.x", "PBS_NODEFILE": str(nodes)}
+    for site, env, other in (("aurora", slurm, "SLURM"), ("perlmutter", pbs, "PBS")):
+        with pytest.raises(UsageError, match=f"is for .* jobs, and this is a {other} allocation") as err:
+            plan_run({"script": SCRIPT, "site": site}, env)
+        assert err.value.exit_code == 2
+    assert plan_run({"script": SCRIPT, "site": "aurora"}, pbs).argv[0] == "mpiexec"
+    assert plan_run({"script": SCRIPT, "site": "perlmutter"}, slurm).argv[0] == "srun"
+    assert plan_run({"script": SCRIPT, "site": "local"}, slurm).argv[0] == "srun"
+    assert plan_run({"script": SCRIPT, "site": "aurora"}, {}).argv[0] == "mpiexec"
+
+
 def test_errors_from_the_environment_are_usage_errors():
     with pytest.raises(UsageError, match="SPRITE_SITE=nosuch: Unknown site"):
         plan_run({"script": SCRIPT}, {"SPRITE_SITE": "nosuch"})

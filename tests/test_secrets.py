@@ -256,7 +256,8 @@ def test_parity_results_are_owner_only_whatever_the_umask(clean_env, tmp_path):
     finally:
         os.umask(old)
     assert _modes(tmp_path / "runs") == {
-        "runs": "0o700", "runs/fp32": "0o700", "runs/fp32/run.json": "0o600", "runs/fp32/fault_x": "0o700",
+        "runs": "0o700", "runs/fp32": "0o700", "runs/fp32/run.json": "0o600",
+        "runs/fp32/run.json.sprite-manifest.json": "0o600", "runs/fp32/fault_x": "0o700",
         "runs/fp32/fault_x/ddp": "0o700", "runs/fp32/fault_x/ddp/rank0.json": "0o600",
         "runs/fp32/report.json": "0o600"}
     (out / "other.json.tmp").symlink_to(out / "run.json")  # a leftover temporary name is never written through

@@ -280,6 +280,7 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     """
     job, site = assemble(flags, spec_file, environ, allow_literal_secrets)
     alloc = schedulers.discover(environ, hostname=socket.gethostname())
+    check_site_scheduler(site, alloc)
     here = None
     if alloc.scheduler == "none" and not job.devices and not site.job.get("devices"):
         here = devicecount.default_ranks(job.accelerator, environ)  # as Trainer(devices="auto") would
@@ -289,6 +290,19 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     plan = build(job, site, launched, context(environ, run_env))
     notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
     return replace(plan, notes=notes)
+
+
+def check_site_scheduler(site, alloc) -> None:
+    """Refuse a site profile of one batch system inside an allocation of another (a PBS site's PALS ``mpiexec``
+    inside a Slurm job, say: a stale ``$SPRITE_SITE``). A site without a scheduler (local) runs in any allocation,
+    and any site plans on a machine outside one (a login node). Raises UsageError."""
+    if "none" in (site.scheduler, alloc.scheduler) or site.scheduler == alloc.scheduler:
+        return
+    raise UsageError(f"The site profile {site.name} is for {site.scheduler.upper()} jobs, and this is a "
+                     f"{alloc.scheduler.upper()} allocation (job {alloc.job_id or '?'}).",
+                     "The site came from --site, the spec's site: or $SPRITE_SITE, which may be left from another "
+                     "machine; its launcher and flags do not work here.",
+                     f"Pass --site with a {alloc.scheduler.upper()} site (or local), or unset SPRITE_SITE.")
 
 
 def check_devices_here(job: JobSpec, ranks: int, environ: Mapping[str, str], fewest_ranks: int = 1) -> None:
