@@ -175,7 +175,7 @@ def test_site_profile_job_block_that_is_not_a_mapping(sprite_cmd, clean_env, tmp
     profile = tmp_path / "mine.yaml"
     profile.write_text("name: mine\njob: [1, 2]\n")
     result = run_sprite(sprite_cmd, ["run", "--dry-run", "--site", str(profile), example_script], clean_env)
-    assert_one_line_usage_error(result, f"{profile}:2", "'job'", "is not a mapping")
+    assert_one_line_usage_error(result, f"{profile}:2", "'job'", "is a list, not a mapping")
 
 
 def test_every_commands_help_has_an_example_whose_options_it_takes():

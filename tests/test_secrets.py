@@ -118,6 +118,25 @@ def test_literal_secrets_are_refused_with_one_line_naming_them(clean_env, tmp_pa
     assert json.loads(out)["env"]["WANDB_API_KEY"] == "***" and VALUE not in out
 
 
+def test_a_secret_written_in_the_wrong_shape_is_refused_without_its_value(clean_env, tmp_path, capsys):
+    """env: as a list of NAME=VALUE (compose's form) or as text, secrets: as a mapping, pass_env: holding one, and a
+    site profile's job env: as text: each is one line, exit 2, and the value is never printed (it was: a job's log
+    would hold it)."""
+    shapes = {"env": [f"HF_TOKEN={VALUE}"], "secrets": {"HF_TOKEN": VALUE}, "pass_env": [{"HF_TOKEN": VALUE}]}
+    for key, value in {**shapes, "text": None}.items():
+        spec = write_spec(tmp_path, key, **({key: value} if value is not None else {"env": f"HF_TOKEN={VALUE}"}))
+        for args in (["run", "--dry-run", "--spec", spec], ["sbatch", "--dry-run", spec]):
+            assert sprite_main(*args) == 2, (key, args)
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and VALUE not in err and "not shown" in err, err
+    site = tmp_path / "site.yaml"
+    site.write_text(f"name: mine\nscheduler: none\njob:\n  env: HF_TOKEN={VALUE}\n")
+    for args in (["env", "--site", str(site)], ["run", "--dry-run", "--site", str(site), PROBE]):
+        assert sprite_main(*args) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and VALUE not in err and "not shown" in err, err
+
+
 def test_a_listed_secret_missing_from_the_environment_is_refused_by_name(clean_env, tmp_path, capsys):
     assert sprite_main("run", "--dry-run", "--secret", "MY_TOKEN", PROBE) == 2
     assert "MY_TOKEN is a secret but is not set here" in capsys.readouterr().err

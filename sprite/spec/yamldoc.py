@@ -23,6 +23,7 @@ import yaml
 
 from sprite.errors import SpecError, UsageError, one_line, show
 from sprite.spec.yamlnodes import CONTROL, MAX_BYTES, build, compose, limit_error
+from sprite.values.env import kind_of
 
 @dataclass
 class YamlDoc:
@@ -61,8 +62,8 @@ class YamlDoc:
             if value is None:  # absent, or written empty
                 return {}
             if not isinstance(value, dict):
-                raise self.error(section[:depth + 1], f"{show(value)} is not a mapping.",
-                                 "a block of key: value lines")
+                raise self.error(section[:depth + 1], f"is {kind_of(value)}, not a mapping (its text not shown: "
+                                 "it may hold a secret).", "a block of key: value lines")
         return value
 
 

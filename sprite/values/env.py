@@ -29,7 +29,8 @@ def _not_owned(name: str, complain: Complain) -> None:
 def env(value: Any, complain: Complain) -> dict:
     """NAME: value pairs for every rank. Names are ASCII; the variables sprite plans itself are refused."""
     if not isinstance(value, dict):
-        raise complain(f"{show(value)} is not a mapping.", "NAME: value pairs")
+        raise complain(f"is {kind_of(value)}, not a mapping (values not shown: one may be a secret's).",
+                       "NAME: value pairs")
     out = {}
     for name, val in value.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
@@ -42,15 +43,18 @@ def env(value: Any, complain: Complain) -> dict:
         bad = control_char(text.replace("\t", " ")) if text is not None else None
         if text is None or bad:
             # The value is never shown: the name may be a secret's (the site's patterns are not known here).
-            kind = f"holds the control character {bad!r}" if bad else f"is {_kind(val)}"
+            kind = f"holds the control character {bad!r}" if bad else f"is {kind_of(val)}"
             raise complain(f"{name}={MASKED}: the value {kind}, not one line of text.", "a string or number")
         out[name] = text
     return out
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
+    """What ``value`` is, in words, without its text (a spec's value may hold a secret)."""
     if isinstance(value, list):
         return "a list"
+    if isinstance(value, str):
+        return "text"
     return "a mapping" if isinstance(value, dict) else "empty" if value is None else f"a {type(value).__name__}"
 
 
@@ -58,7 +62,10 @@ def env_names(value: Any, complain: Complain) -> tuple[str, ...]:
     """Environment variable names (``secrets:``, ``pass_env:``): a list or a comma-separated string."""
     items = [part for part in value.split(",") if part] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise complain(f"{show(value)} is not a list of variable names.", "a YAML list such as [HF_TOKEN, WANDB_API_KEY]")
+        what = kind_of(value) if not isinstance(value, list) else "a list holding " + ", ".join(
+            dict.fromkeys(kind_of(item) for item in value if not isinstance(item, str)))
+        raise complain(f"is {what}, not a list of variable names (values not shown: one may be a secret's).",
+                       "a YAML list such as [HF_TOKEN, WANDB_API_KEY]")
     for item in items:
         name, given, _ = item.partition("=")
         if given and ENV_NAME.fullmatch(name):
