@@ -137,6 +137,30 @@ def test_a_secret_written_in_the_wrong_shape_is_refused_without_its_value(clean_
         assert err.count("\n") == 1 and VALUE not in err and "not shown" in err, err
 
 
+def test_a_secret_written_in_setup_or_extra_is_refused_even_with_allow_literal_secrets(clean_env, tmp_path, capsys):
+    """scheduler.setup and scheduler.extra are written into the job script as they are: a secret's literal value
+    there (export, -v, --export) is refused without printing it, --allow-literal-secrets or not; a reference to
+    the variable and a variable that is no secret pass."""
+    cases = {"setup": [f"export HF_TOKEN={VALUE}"], "extra": [f"--export=ALL,MY_API_KEY={VALUE}"],
+             "quoted": [f"--export=ALL,MY_API_KEY='{VALUE}'"]}
+    for where, lines in cases.items():
+        key = "extra" if where == "quoted" else where  # quoted: refused as no directive word, the value hidden
+        spec = write_spec(tmp_path, where, scheduler={"walltime": "00:05:00", key: lines})
+        for extra in ([], ["--allow-literal-secrets"]):
+            assert sprite_main("sbatch", "--dry-run", *extra, spec) == 2
+            err = capsys.readouterr().err
+            said = "MY_API_KEY=***" if where == "quoted" else f"scheduler.{where} gives the secret"
+            assert err.count("\n") == 1 and said in err and VALUE not in err, err
+    pbs = write_spec(tmp_path, "pbs", scheduler={"walltime": "00:05:00", "extra": [f"-v A=1,WANDB_API_KEY={VALUE}"]})
+    assert sprite_main("qsub", "--dry-run", pbs) == 2
+    err = capsys.readouterr().err
+    assert "gives the secret WANDB_API_KEY" in err and VALUE not in err, err
+    fine = write_spec(tmp_path, "fine", scheduler={"walltime": "00:05:00", "setup": [
+        "export OMP_PLACES=cores", "module load frameworks"], "extra": ["--export=ALL,HF_TOKEN"]})
+    assert sprite_main("sbatch", "--dry-run", fine) == 0, capsys.readouterr().err
+    assert "export OMP_PLACES=cores" in capsys.readouterr().out
+
+
 def test_a_listed_secret_missing_from_the_environment_is_refused_by_name(clean_env, tmp_path, capsys):
     assert sprite_main("run", "--dry-run", "--secret", "MY_TOKEN", PROBE) == 2
     assert "MY_TOKEN is a secret but is not set here" in capsys.readouterr().err

@@ -127,6 +127,8 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     literals = {name: value for name, value in file_layer.get("env", {}).items() if name in secret}
     passed = tuple(dict.fromkeys((*literals, *job.pass_env, *job.secrets)))
     block = replace(scheduler_block.resolve(kind, doc, site, job, cwd), pass_env=passed)
+    for where in ("setup", "extra"):
+        secret_env.check_written(getattr(block, where), job, site, where)
     jobfiles.check_output_folder(block.output_dir)  # as submit() will: the dry run refuses what the submit would
     if job.log_dir:  # as the job's sprite run will, after waiting in the queue
         from sprite.launch import ranklog

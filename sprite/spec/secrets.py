@@ -11,11 +11,12 @@ submits the job, never from a file or an argument list: a literal value in a spe
 from __future__ import annotations
 
 import fnmatch
-from typing import Collection, Mapping
+from typing import Collection, Iterable, Mapping
 
 from sprite.errors import UsageError
+from sprite.values.env import ASSIGNED, SECRET_LOOKING
 
-DEFAULT_PATTERNS = ("*_TOKEN", "*_KEY", "*SECRET*", "*PASSWORD*", "*_PAT")
+DEFAULT_PATTERNS = SECRET_LOOKING
 MASK = "***"
 
 
@@ -57,6 +58,27 @@ def check_literals(job, site, allow: bool, sources: Mapping[str, str] = {}) -> N
             f"Remove the value, export {name} in the shell that runs sprite and list it under secrets: (or pass "
             f"--secret {name}); or pass --allow-literal-secrets.",
         )
+
+
+def check_written(lines: Iterable[str], job, site, where: str) -> None:
+    """Refuse a secret given a literal value inside text sprite writes into a job script as is (``where``: the
+    scheduler block's ``setup`` or ``extra``), with or without --allow-literal-secrets: that flag passes a spec's
+    ``env:`` secret through the submit command's environment, and nothing can keep a value written in a line out
+    of the script (nor, as ``-v``/``--export``, out of the batch system's job record).
+
+    Raises UsageError naming the variable, never its value.
+    """
+    for line in lines:
+        text = " ".join(line) if isinstance(line, (tuple, list)) else str(line)  # setup: each command's words
+        for name, value in ASSIGNED.findall(text):
+            bare = value.strip("'\"")
+            if bare and is_secret(name, job.secrets, site.secret_patterns):
+                raise UsageError(
+                    f"scheduler.{where} gives the secret {name} a literal value ({name}={MASK}).",
+                    f"sprite writes {where} into the job script as is, where others may read it (and -v/--export "
+                    "puts it in the batch system's job record).",
+                    f"Export {name} in the shell that submits and list it under secrets: (the job gets it without "
+                    "it being written).")
 
 
 def from_caller(job) -> tuple[str, ...]:

@@ -7,6 +7,8 @@ are one-line text as written. Checkers follow ``sprite.values.grammar``: ``(valu
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from typing import Any
 
 from sprite import contract
@@ -16,6 +18,19 @@ from sprite.values.grammar import ENV_NAME, control_char, scalar_text
 # Variables sprite plans itself for every rank (plan.environment): a spec's env: must not try to set them.
 OWNED_ENV = (contract.MASTER_ADDR, contract.MASTER_PORT, "PYTHONSAFEPATH", *contract.RANK_VARS, *contract.ALL)
 MASKED = "***"  # as sprite.spec.secrets.MASK: how every printer shows a value that may be a secret's
+SECRET_LOOKING = ("*_TOKEN", "*_KEY", "*SECRET*", "*PASSWORD*", "*_PAT")  # sprite.spec.secrets.DEFAULT_PATTERNS
+# NAME=VALUE inside a shell line or a directive (export A=1, -v A=1,B=2, --export=ALL,A=1); VALUE up to a space,
+# comma or semicolon, or a quoted string
+ASSIGNED = re.compile(r"(?<![A-Za-z0-9_$])([A-Za-z_][A-Za-z0-9_]*)=('[^']*'|\"[^\"]*\"|[^\s,;]*)")
+
+
+def hide_values(value: Any, patterns=SECRET_LOOKING) -> Any:
+    """``value`` (text, or the repr of anything else) with the value of every ``NAME=VALUE`` whose NAME matches
+    ``patterns`` (any case) shown as ``***``: for quoting a line of a spec in a message, where no site's own
+    patterns are known yet."""
+    text = value if isinstance(value, str) else repr(value)
+    return ASSIGNED.sub(lambda m: f"{m[1]}={MASKED}" if any(
+        fnmatch.fnmatchcase(m[1].upper(), p.upper()) for p in patterns) else m[0], text)
 OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it",
               contract.RUN_DIR: "--run-dir DIR to choose the run folder"}
 

@@ -17,6 +17,7 @@ import shlex
 from typing import Any
 
 from sprite.errors import Complain, UsageError, show
+from sprite.values.env import hide_values
 from sprite.values.grammar import scalar_text, control_char
 
 TOKEN = re.compile(r"[A-Za-z0-9_.,:=@%+/-]+")
@@ -34,13 +35,20 @@ SETUP_TRUST = ("setup lines are trusted shell: each runs in the job with your ri
                "word, so shell syntax would arrive as literal text")
 
 
+def _shown(value) -> str:
+    """``value`` quoted for a message, with secret-looking assignments' values hidden (a setup line or a directive
+    may carry one)."""
+    hidden = hide_values(value)
+    return show(value) if hidden == (value if isinstance(value, str) else repr(value)) else show(hidden)
+
+
 def token(value: Any, complain: Complain) -> str:
     """A directive-safe token. Raises ``complain(...)`` for anything else."""
     text = scalar_text(value)
     if text is None:
-        raise complain(f"{show(value)} is not a string.", TOKEN_ALLOWED)
+        raise complain(f"{_shown(value)} is not a string.", TOKEN_ALLOWED)
     if not TOKEN.fullmatch(text):
-        raise complain(f"{show(text)} cannot be written safely into a #PBS/#SBATCH directive.", TOKEN_ALLOWED)
+        raise complain(f"{_shown(text)} cannot be written safely into a #PBS/#SBATCH directive.", TOKEN_ALLOWED)
     return text
 
 
@@ -48,7 +56,7 @@ def _matching(value: Any, complain: Complain, pattern: re.Pattern, what: str, al
     """A directive-safe token that ``pattern`` matches whole; else ``complain`` that it is not ``what``."""
     text = token(value, complain)
     if not pattern.fullmatch(text):
-        raise complain(f"{show(text)} is not {what}.", allowed)
+        raise complain(f"{_shown(text)} is not {what}.", allowed)
     return text
 
 
@@ -61,7 +69,7 @@ def walltime(value: Any, complain: Complain) -> str:
     text = value if isinstance(value, str) else ""
     match = WALLTIME.fullmatch(text)
     if not match or seconds(text) < 1:
-        raise complain(f"{show(value)} is not a walltime in HH:MM:SS of at least one second (00:00:00 would mean "
+        raise complain(f"{_shown(value)} is not a walltime in HH:MM:SS of at least one second (00:00:00 would mean "
                        "no limit to Slurm).", '"HH:MM:SS" with minutes and seconds below 60, e.g. "01:00:00"')
     return text
 
@@ -75,7 +83,7 @@ def names(value: Any, complain: Complain) -> tuple[str, ...]:
     """A list (or ``a:b`` string) of plain names, e.g. filesystems ``[home, flare]``."""
     items = value.split(":") if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
-        raise complain(f"{show(value)} is not a list of names.", "a YAML list such as [home, flare]")
+        raise complain(f"{_shown(value)} is not a list of names.", "a YAML list such as [home, flare]")
     return tuple(name(item, complain) for item in items)
 
 
@@ -88,7 +96,7 @@ def select(value: Any, complain: Complain) -> str:
     """The resources of one PBS chunk (``ncpus=2:mpiprocs=2``); sprite prepends the node count itself."""
     text = token(value, complain)
     if not CHUNK.fullmatch(text) or re.search(r"(^|:)(walltime|place|select|nodes|filesystems)=", text):
-        raise complain(f"{show(text)} is not the resources of one chunk; sprite writes select=<nodes>:<this>, "
+        raise complain(f"{_shown(text)} is not the resources of one chunk; sprite writes select=<nodes>:<this>, "
                        "and walltime, place and filesystems have keys of their own.",
                        "resource=value pairs joined by ':', e.g. ncpus=2:mpiprocs=2 or system=polaris")
     return text
@@ -98,7 +106,7 @@ def program(value: Any, complain: Complain) -> str:
     """The interpreter the job runs (``python``): a path or command name, never an option such as ``-c``."""
     text = token(value, complain)
     if not PROGRAM.fullmatch(text):
-        raise complain(f"{show(text)} is not a program path or name (it would be read as an option).",
+        raise complain(f"{_shown(text)} is not a program path or name (it would be read as an option).",
                        "a path such as /opt/conda/bin/python, or python3")
     return text
 
@@ -115,7 +123,7 @@ def dependency(value: Any, complain: Complain) -> tuple[str, ...]:
 def preempt_signal(value: Any, complain: Complain) -> tuple[str, int]:
     match = SIGNAL.fullmatch(value) if isinstance(value, str) else None
     if not match or int(match.group(2)) < 1:
-        raise complain(f"{show(value)} is not SIGNAL@SECONDS.", "USR1 or USR2 (the signals on which sprite's ranks "
+        raise complain(f"{_shown(value)} is not SIGNAL@SECONDS.", "USR1 or USR2 (the signals on which sprite's ranks "
                        "checkpoint and stop), then @ and the seconds before the walltime ends (fewer than the "
                        "walltime), e.g. USR1@90")
     return match.group(1), int(match.group(2))
@@ -125,11 +133,11 @@ def directives(value: Any, complain: Complain) -> tuple[str, ...]:
     """Extra directive options such as ``-l debug=true`` or ``--mail-type=END``, each word a safe token."""
     items = value if isinstance(value, list) else None
     if items is None or not all(isinstance(item, str) for item in items):
-        raise complain(f"{show(value)} is not a list of strings.", 'a YAML list such as ["--mail-type=END"]')
+        raise complain(f"{_shown(value)} is not a list of strings.", 'a YAML list such as ["--mail-type=END"]')
     for item in items:
         words = item.split(" ")
         if not item.startswith("-") or not all(words):
-            raise complain(f"{show(item)} is not a directive option.", "an option starting with -, words separated "
+            raise complain(f"{_shown(item)} is not a directive option.", "an option starting with -, words separated "
                            "by single spaces, e.g. -l debug=true")
         for word in words:
             token(word, complain)
@@ -140,17 +148,17 @@ def setup(value: Any, complain: Complain) -> tuple[tuple[str, ...], ...]:
     """Set-up commands (``module load frameworks``), trusted shell split into words (see the module docstring)."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise complain(f"{show(value)} is not a list of commands.", 'a YAML list such as ["module load frameworks"]')
+        raise complain(f"{_shown(value)} is not a list of commands.", 'a YAML list such as ["module load frameworks"]')
     out = []
     for item in items:
         if control_char(item) or SHELL_SYNTAX.search(item):
-            raise complain(f"{show(item)} holds shell syntax or a control character; {SETUP_TRUST}.",
+            raise complain(f"{_shown(item)} holds shell syntax or a control character; {SETUP_TRUST}.",
                            "a command and plain arguments such as module load frameworks; for shell code, "
                            "put it in a file and write: source /path/to/file.sh")
         try:
             out.append(tuple(shlex.split(item)))
         except ValueError as err:
-            raise complain(f"{show(item)} cannot be split into words ({err}).", "quotes that close") from None
+            raise complain(f"{_shown(item)} cannot be split into words ({err}).", "quotes that close") from None
     return tuple(words for words in out if words)
 
 
@@ -164,7 +172,7 @@ def directive_word(key: str, value) -> str:
     text = str(value)
     if shlex.quote(text) != text or not text:
         raise UsageError(
-            f"scheduler.{key} = {show(text)} cannot be written into a job-script directive.",
+            f"scheduler.{key} = {_shown(text)} cannot be written into a job-script directive.",
             "qsub and sbatch read directives with their own parsers, so quoting cannot protect spaces, "
             "quotes, $ or control characters there.",
             "Use letters, digits and _ . , : = @ % + / - only.",
