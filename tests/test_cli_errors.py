@@ -237,6 +237,12 @@ def test_sprite_env_names_a_bad_sprite_site_variable(sprite_cmd, clean_env):
     assert_one_line_usage_error(result, "SPRITE_SITE=bogus: Unknown site 'bogus'")
 
 
+def test_sprite_env_refuses_an_empty_site_rather_than_reporting_local(sprite_cmd, clean_env):
+    """--site "$SITE" with SITE unset: sprite run refuses it, and sprite env reported the local site."""
+    result = run_sprite(sprite_cmd, ["env", "--site", ""], clean_env)
+    assert_one_line_usage_error(result, "Option --site: an empty name.")
+
+
 def test_an_empty_run_dir_is_refused_not_taken_for_the_default(sprite_cmd, clean_env, example_script):
     result = run_sprite(sprite_cmd, ["run", "--dry-run", "--run-dir", "", example_script], clean_env)
     assert_one_line_usage_error(result, "--run-dir was given an empty path")

@@ -281,6 +281,11 @@ def test_owner_only_outputs_whatever_the_umask(tmp_path):
     (tmp_path / "link.log").symlink_to(tmp_path / "theirs" / "a" / "run.log")
     with pytest.raises(OSError):
         owner_only.open_log(tmp_path / "link.log")
+    os.mkfifo(tmp_path / "fifo.log")  # refused at once: opening it for writing used to wait for a reader
+    started = time.monotonic()
+    with pytest.raises(OSError):
+        owner_only.open_log(tmp_path / "fifo.log")
+    assert time.monotonic() - started < 5
 
 
 def test_parity_results_are_owner_only_whatever_the_umask(clean_env, tmp_path):

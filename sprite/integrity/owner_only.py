@@ -8,7 +8,9 @@ used as it is, never chmodded, and a log is never opened through a symlink. Stdl
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 from sprite.integrity import IntegrityError, make_dir_new, write_new
@@ -35,12 +37,17 @@ def make_dirs(path) -> None:
 def open_log(path):
     """``path`` opened for appending (binary). A new log is created 0600; an existing regular file is appended to.
 
-    Raises OSError (ELOOP) when ``path`` is a symlink, or for any other failure to open it.
+    Raises OSError (ELOOP) when ``path`` is a symlink, (EINVAL) when it is not a regular file (a FIFO would block
+    the open until something read it), or for any other failure to open it.
     """
     if not os.path.lexists(path):
         try:
             write_new(path, b"")
         except IntegrityError:
             pass  # created by another process in between: append to it like to any existing log
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
     return os.fdopen(fd, "ab")
