@@ -184,13 +184,18 @@ def test_env_name_takes_the_value_of_the_callers_environment(clean_env, monkeypa
     assert VALUE not in out
 
 
-def test_site_profile_patterns_replace_the_defaults(clean_env, tmp_path, capsys):
-    site = tmp_path / "corp.yaml"
-    site.write_text("name: corp\nscheduler: none\nsecret_patterns: ['CORP_*']\njob: {devices: 1}\n")
-    assert sprite_main("run", "--dry-run", "--site", str(site), "--env", "CORP_DB=x", PROBE) == 2
-    assert "CORP_DB matches the secret pattern CORP_*" in capsys.readouterr().err
-    assert sprite_main("run", "--dry-run", "--json", "--site", str(site), "--env", "HF_TOKEN=visible", PROBE) == 0
-    assert json.loads(capsys.readouterr().out)["env"]["HF_TOKEN"] == "visible"
+def test_site_profile_patterns_add_to_the_defaults(clean_env, tmp_path, capsys):
+    """A profile's secret_patterns add to the defaults (they replaced them: a profile adding CORP_* let a literal
+    HF_TOKEN through and printed it), an empty list included."""
+    for patterns in ("['CORP_*']", "[]"):
+        site = tmp_path / "corp.yaml"
+        site.write_text(f"name: corp\nscheduler: none\nsecret_patterns: {patterns}\njob: {{devices: 1}}\n")
+        if patterns != "[]":
+            assert sprite_main("run", "--dry-run", "--site", str(site), "--env", "CORP_DB=x", PROBE) == 2
+            assert "CORP_DB matches the secret pattern CORP_*" in capsys.readouterr().err
+        assert sprite_main("run", "--dry-run", "--site", str(site), "--env", f"HF_TOKEN={VALUE}", PROBE) == 2
+        err = capsys.readouterr().err
+        assert "HF_TOKEN matches the secret pattern *_TOKEN" in err and VALUE not in err, err
 
 
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])

@@ -112,6 +112,8 @@ def load(name: str) -> SiteProfile:
     data["submit"] = scheduler_block.check_block(doc, ("submit",), kind, site=True)
     data["queues"] = block_limits.check_queues(doc)
     data.setdefault("name", Path(doc.source).stem)
+    # a profile's patterns add to the defaults: replacing them dropped *_TOKEN and the rest without a word
+    data["secret_patterns"] = tuple(dict.fromkeys((*secret_env.DEFAULT_PATTERNS, *data.get("secret_patterns", ()))))
     return SiteProfile(**data, source=doc.source, origins=origins)
 
 
