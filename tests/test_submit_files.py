@@ -146,6 +146,25 @@ def test_a_refused_submission_leaves_the_users_files_as_they_were(tmp_path, fake
     assert snapshot(tmp_path) == before  # no script left behind, and the folders it made are gone
 
 
+@pytest.mark.parametrize("kind, client, said", [("slurm", "sbatch", "Submitted batch job 77"),
+                                               ("pbs", "qsub", "77.server")])
+def test_a_literal_secret_allowed_reaches_the_client_through_its_environment_only(tmp_path, fake_bin, kind, client,
+                                                                                     said):
+    """docs/secrets.md: a spec's literal secret allowed by --allow-literal-secrets goes to sbatch/qsub through their
+    environment, not into the script (a FAKE client records the value it was given)."""
+    import secrets as stdlib_secrets
+
+    value = "tok-" + stdlib_secrets.token_hex(12)
+    fake_client(fake_bin, client, f'printf %s "$HF_TOKEN" > "{tmp_path}/seen"\necho {said}\n')
+    spec = Path(write_spec(tmp_path))
+    body = yaml.safe_load(spec.read_text())
+    spec.write_text(yaml.safe_dump({**body, "env": {"HF_TOKEN": value}}))
+    job_id, prepared = submit.submit(submit.prepare(str(spec), kind, cwd=str(tmp_path), allow_literal_secrets=True))
+    assert job_id == "77" or job_id == "77.server"
+    assert (tmp_path / "seen").read_text() == value
+    assert value not in Path(prepared.script_path).read_text() and "HF_TOKEN" in Path(prepared.script_path).read_text()
+
+
 def test_every_pbs_submission_gets_its_own_script_and_log(tmp_path, fake_bin):
     fake_client(fake_bin, "qsub", "echo 4242.server\n")
     spec = write_spec(tmp_path)
