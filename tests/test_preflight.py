@@ -592,3 +592,29 @@ def test_the_preflights_ranks_get_unbuffered_output_and_one_thread_unless_the_sh
     assert env == {"KEEP": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     assert "OMP_NUM_THREADS" not in runner.flags_for(tmp_path, {})["env"]  # the shell's 8 reaches the ranks
+
+
+# --- sprite run --preflight plans as sprite run does ---
+
+def _run_with_preflight(tmp_path, environ: dict, allow_literal_secrets: bool = False, **flags):
+    """entry.prepare and the preflight hook as `sprite run --preflight` calls them (nothing launched)."""
+    from sprite.cli import preflight as preflight_cli
+    from sprite.recovery import entry
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    flags = {"devices": "1", "accelerator": "cpu", "script": str(script), "preflight": True, **flags}
+    run, plan = entry.prepare(flags, None, str(tmp_path / "run"), environ, allow_literal_secrets)
+    return run, plan, preflight_cli.hook_for(run, None)
+
+
+def test_run_allow_literal_secrets_reaches_the_preflights_own_plan(clean_env, tmp_path):
+    """`sprite run --env WANDB_API_KEY=xyz --allow-literal-secrets --preflight`: the preflight re-plans the run's
+    flags, and once refused the secret the run itself had been allowed."""
+    from sprite.errors import UsageError
+
+    with pytest.raises(UsageError, match="--allow-literal-secrets"):  # the run refuses it without the flag
+        _run_with_preflight(tmp_path, clean_env, env={"WANDB_API_KEY": "xyz"})
+    run, plan, hook = _run_with_preflight(tmp_path, clean_env, True, env={"WANDB_API_KEY": "xyz"})
+    go = hook.check(run, plan)  # plans the preflight, checks its inputs; launches nothing
+    assert callable(go)

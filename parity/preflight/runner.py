@@ -46,11 +46,12 @@ def flags_for(out: pathlib.Path, base: dict, staged: str | None = None) -> dict:
 
 
 def plan(out: pathlib.Path, base: dict, environ: Mapping[str, str] = os.environ,
-         spec_file: str | None = None, staged: str | None = None) -> LaunchPlan:
-    """Raises UsageError when the world cannot be launched here (as ``plan_run``)."""
+         spec_file: str | None = None, staged: str | None = None, allow_literal_secrets: bool = False) -> LaunchPlan:
+    """Raises UsageError when the world cannot be launched here (as ``plan_run``; a literal secret is refused
+    unless ``allow_literal_secrets``, as `sprite run --allow-literal-secrets` says)."""
     from sprite.launch.plan import plan_run
 
-    return plan_run(flags_for(out, base, staged), environ, spec_file)
+    return plan_run(flags_for(out, base, staged), environ, spec_file, allow_literal_secrets)
 
 
 def prepare(out: pathlib.Path, settings: PreflightSettings, launch: LaunchPlan) -> None:
@@ -159,7 +160,8 @@ class Options:
 
 
 def settings_for(out: pathlib.Path, base: dict, faults: tuple, options: Options, environ: Mapping[str, str],
-                 spec_file: str | None, launch_plan: LaunchPlan) -> PreflightSettings:
+                 spec_file: str | None, launch_plan: LaunchPlan, allow_literal_secrets: bool = False
+                 ) -> PreflightSettings:
     """What the ranks check: the accelerator and precisions the job uses (``base``'s precision, else the spec's or
     the site profile's; the preflight's own launch runs none), and the devices its site profile promises (every GPU
     node: the profile's ``devices`` or the ranks per node; a CPU rank: one)."""
@@ -167,7 +169,8 @@ def settings_for(out: pathlib.Path, base: dict, faults: tuple, options: Options,
     from sprite.launch.plan import assemble
     from sprite.parity.preflight.settings import precisions_for
 
-    job, site = assemble({**flags_for(out, base), "precision": base.get("precision")}, spec_file, environ)
+    job, site = assemble({**flags_for(out, base), "precision": base.get("precision")}, spec_file, environ,
+                         allow_literal_secrets)
     promised = max(int(site.job.get("devices") or 0), launch_plan.world.devices)
     return PreflightSettings(accelerator=launch_plan.env.get(contract.ACCELERATOR, "auto"),
                              precisions=precisions_for(job.precision), size=options.size, repeats=options.repeats,
@@ -188,17 +191,18 @@ def check_out(out: pathlib.Path) -> None:
 
 def checked(out: pathlib.Path, base: dict, fault_values: list[str] | None, options: Options,
             environ: Mapping[str, str] = os.environ, spec_file: str | None = None, fault_option: str = "--fault",
-            staged: str | None = None) -> tuple[LaunchPlan, PreflightSettings]:
+            staged: str | None = None, allow_literal_secrets: bool = False) -> tuple[LaunchPlan, PreflightSettings]:
     """The preflight's launch plan and settings, every input checked and nothing made: ``sprite run --stage
     --preflight`` calls it before it stages anything. Raises UsageError for a world that cannot be launched here, a
-    bad fault, a used ``out``, a missing launcher or a taken rendezvous port."""
+    bad fault, a used ``out``, a missing launcher, a taken rendezvous port, or a literal secret unless
+    ``allow_literal_secrets``."""
     from sprite.launch.execute import check_ready
     from sprite.parity.preflight.settings import parse_faults
 
     check_out(out)
-    launch_plan = plan(out, base, environ, spec_file, staged)
+    launch_plan = plan(out, base, environ, spec_file, staged, allow_literal_secrets)
     faults = parse_faults(fault_values, launch_plan.world.hosts, fault_option)
-    settings = settings_for(out, base, faults, options, environ, spec_file, launch_plan)
+    settings = settings_for(out, base, faults, options, environ, spec_file, launch_plan, allow_literal_secrets)
     check_ready(launch_plan)
     return launch_plan, settings
 

@@ -145,7 +145,7 @@ class Preflight:
 
         out, base, staged = _launch_of(run, plan, self.job)
         launch_plan, settings = runner.checked(out, base, self.faults, runner.Options(), run.environ, run.spec_file,
-                                               "--preflight-fault", staged)
+                                               "--preflight-fault", staged, run.allow_literal_secrets)
         return lambda: before_launch(run, plan, self.job, (launch_plan, settings))
 
 
