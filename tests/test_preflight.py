@@ -583,15 +583,22 @@ def test_the_timed_repetitions_stop_at_200_however_short_they_are(monkeypatch):
     assert len(found["all_seconds"]) == reference.MAX_REPEATS == 200
 
 
-def test_the_preflights_ranks_get_unbuffered_output_and_one_thread_unless_the_shell_set_it(tmp_path, monkeypatch):
-    """docs/preflight.md: PYTHONUNBUFFERED=1, and OMP_NUM_THREADS=1 unless set (simulated nodes share cores)."""
+def test_the_preflights_ranks_get_unbuffered_output_and_one_thread_unless_some_layer_sets_it(tmp_path, monkeypatch):
+    """docs/preflight.md: PYTHONUNBUFFERED=1, and OMP_NUM_THREADS=1 unless set (simulated nodes share cores): by the
+    shell, --env, the spec or the site profile, whichever sets it wins over the preflight's one thread."""
     from sprite.parity.preflight import runner
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    env = runner.flags_for(tmp_path, {"env": {"KEEP": "1"}})["env"]
-    assert env == {"KEEP": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    base = {"devices": "1", "accelerator": "cpu"}
+    env = runner.plan(tmp_path / "o", {**base, "env": {"KEEP": "1"}}).env
+    assert (env["KEEP"], env["PYTHONUNBUFFERED"], env["OMP_NUM_THREADS"]) == ("1", "1", "1")
+    assert runner.plan(tmp_path / "o", {**base, "env": {"OMP_NUM_THREADS": "4"}}).env["OMP_NUM_THREADS"] == "4"
+    spec = tmp_path / "job.yaml"
+    spec.write_text("script: t.py\nenv:\n  OMP_NUM_THREADS: '3'\n")
+    (tmp_path / "t.py").write_text("")
+    assert runner.plan(tmp_path / "o", base, os.environ, str(spec)).env["OMP_NUM_THREADS"] == "3"
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
-    assert "OMP_NUM_THREADS" not in runner.flags_for(tmp_path, {})["env"]  # the shell's 8 reaches the ranks
+    assert "OMP_NUM_THREADS" not in runner.plan(tmp_path / "o", base).env  # the shell's 8 reaches the ranks
 
 
 # --- sprite run --preflight plans as sprite run does ---

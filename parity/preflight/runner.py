@@ -26,19 +26,17 @@ from sprite.parity.preflight.settings import RECORD_SUFFIXES, SETTINGS_FILE, Pre
 
 WORKER = pathlib.Path(__file__).with_name("worker.py")
 LAUNCH_LOG = "launch.log"
+THREADS = "OMP_NUM_THREADS"
 
 
 def flags_for(out: pathlib.Path, base: dict, staged: str | None = None) -> dict:
     """JobSpec fields of the preflight launch: ``base`` (the user's world: nodes, devices, launcher, site, ...)
-    running the worker, never resuming, each rank's output in ``out/logs``. CPU ranks compute with one thread
-    (unless OMP_NUM_THREADS is set): simulated nodes share this machine's cores, and the check is of the node.
-    No preemption signal (a preflight saves nothing; rank 0 would otherwise warn that its plain script gets no
+    running the worker, never resuming, each rank's output in ``out/logs``, unbuffered (``plan`` adds
+    OMP_NUM_THREADS=1 where no layer sets it). No preemption signal (a preflight saves nothing; rank 0 would otherwise warn that its plain script gets no
     checkpoint-and-stop). It stages nothing itself: ``staged`` is the folder `sprite run --stage --preflight`
     has already staged on every node, whose interpreter its ranks then run (the preflight tries the start-up the
     job will have); without it (`sprite preflight`) the ranks run the environment where it is installed."""
     env = {**(base.get("env") or {}), "PYTHONUNBUFFERED": "1"}
-    if "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = "1"
     return {**base, "script": os.fspath(WORKER), "args": ["--out", os.fspath(out)], "strategy": "auto",
             "precision": "auto", "resume": "never", "log_dir": os.fspath(out / "logs"), "ranks": None, "env": env,
             "stall_timeout": None, "retries": None, "spare_nodes": 0, "stage": staged or "off", "keep_stage": False,
@@ -48,10 +46,16 @@ def flags_for(out: pathlib.Path, base: dict, staged: str | None = None) -> dict:
 def plan(out: pathlib.Path, base: dict, environ: Mapping[str, str] = os.environ,
          spec_file: str | None = None, staged: str | None = None, allow_literal_secrets: bool = False) -> LaunchPlan:
     """Raises UsageError when the world cannot be launched here (as ``plan_run``; a literal secret is refused
-    unless ``allow_literal_secrets``, as `sprite run --allow-literal-secrets` says)."""
-    from sprite.launch.plan import plan_run
+    unless ``allow_literal_secrets``, as `sprite run --allow-literal-secrets` says). CPU ranks compute with one
+    thread unless the shell, ``--env``, the spec or the site profile sets OMP_NUM_THREADS: simulated nodes share
+    this machine's cores, and the check is of the node."""
+    from sprite.launch.plan import assemble, plan_run
 
-    return plan_run(flags_for(out, base, staged), environ, spec_file, allow_literal_secrets)
+    flags = flags_for(out, base, staged)
+    job, _ = assemble(flags, spec_file, environ, allow_literal_secrets)  # every layer's env, merged
+    if THREADS not in environ and THREADS not in job.env:
+        flags = {**flags, "env": {**flags["env"], THREADS: "1"}}
+    return plan_run(flags, environ, spec_file, allow_literal_secrets)
 
 
 def prepare(out: pathlib.Path, settings: PreflightSettings, launch: LaunchPlan) -> None:
