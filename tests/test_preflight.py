@@ -352,7 +352,9 @@ def test_a_rank_stopped_in_its_second_timed_window_has_finished_its_collectives(
     (["--grace", "0"], "--grace '0' is not a number above 0"),
     (["--deadline", "1e15"], "--deadline '1e15' is not a number above 0 and at most 86400"),  # OverflowError
     (["--collective-timeout", "1e12"], "--collective-timeout '1e12' is not a number above 0 and at most"),
-    (["--size", "1e9"], "--size '1e9' is not a number above 1 and at most 16384"),
+    (["--size", "1e9"], "--size '1e9' is not a whole number. Pass an integer from 2 to 16384, e.g. --size 512."),
+    (["--size", "1.5"], "--size '1.5' is not a whole number."),  # once int(1.5): a size of 1
+    (["--size", "1"], "--size '1' is outside 2..16384."),
     (["--collective-timeout", "30", "--deadline", "20"], "--collective-timeout 30 is not shorter than --deadline"),
     (["--fault", "nowhere:slow"], "host 'nowhere' is not one of this preflight's hosts"),
     (["--fault", "x"], "is not HOST:KIND"),

@@ -47,6 +47,15 @@ def _positive(text: Optional[str], option: str, default: float, least: float = 0
     return number
 
 
+def _whole(text: Optional[str], option: str, default: int, least: int, most: int) -> int:
+    from sprite.values.grammar import whole
+
+    if text is None:
+        return default
+    return whole(least, most)(text, lambda what, allowed: UsageError(f"{option} {what}", "",
+                                                                     f"Pass {allowed}, e.g. {option} {default}."))
+
+
 def options_from(deadline, collective_timeout, slow_factor, size, grace=None):
     from sprite.parity.preflight.runner import Options
 
@@ -54,7 +63,7 @@ def options_from(deadline, collective_timeout, slow_factor, size, grace=None):
     found = Options(deadline=_positive(deadline, "--deadline", base.deadline),
                     collective_timeout=_positive(collective_timeout, "--collective-timeout", base.collective_timeout),
                     slow_factor=_positive(slow_factor, "--slow-factor", base.slow_factor, least=1.0, most=1000.0),
-                    size=int(_positive(size, "--size", base.size, least=1.0, most=16384.0)),
+                    size=_whole(size, "--size", base.size, least=2, most=16384),
                     grace=_positive(grace, "--grace", base.grace))
     if found.collective_timeout >= found.deadline:
         raise UsageError(f"--collective-timeout {found.collective_timeout:g} is not shorter than --deadline "
