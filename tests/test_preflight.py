@@ -627,3 +627,32 @@ def test_run_allow_literal_secrets_reaches_the_preflights_own_plan(clean_env, tm
     run, plan, hook = _run_with_preflight(tmp_path, clean_env, True, env={"WANDB_API_KEY": "xyz"})
     go = hook.check(run, plan)  # plans the preflight, checks its inputs; launches nothing
     assert callable(go)
+
+
+def _settings(tmp_path, base: dict, environ: dict):
+    from sprite.parity.preflight import runner
+
+    launch = runner.plan(tmp_path / "o", base, environ)
+    return launch, runner.settings_for(tmp_path / "o", base, (), runner.Options(), environ, None, launch)
+
+
+def test_the_devices_promised_are_the_sites_devices_a_node_and_more_gpu_ranks_are_refused(clean_env, tmp_path):
+    """docs/preflight.md: a GPU rank must see the site profile's devices a node (12 on Aurora, 4 on Perlmutter),
+    whatever --devices asks; more ranks a node than that are refused before the launch (exit 2), as
+    plan.check_devices_here refuses on this machine, instead of every node failing `devices`."""
+    from sprite.errors import UsageError
+
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x1\nx2\n")
+    pbs = {**clean_env, "PBS_JOBID": "7.pbs", "PBS_NODEFILE": str(nodefile)}
+    launch, settings = _settings(tmp_path, {"site": "aurora"}, pbs)
+    assert (launch.world.devices, settings.accelerator, settings.expected_devices) == (12, "xpu", 12)
+    assert _settings(tmp_path, {"site": "aurora", "devices": "6"}, pbs)[1].expected_devices == 12
+    slurm = {**clean_env, "SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NNODES": "2"}
+    assert _settings(tmp_path, {"site": "perlmutter", "devices": "2"}, slurm)[1].expected_devices == 4
+    with pytest.raises(UsageError) as refused:
+        _settings(tmp_path, {"site": "perlmutter", "devices": "8"}, slurm)
+    assert refused.value.exit_code == 2 and str(refused.value).startswith(
+        "--devices 8: 8 ranks on every node, but the site profile perlmutter promises 4 cuda device(s) a node.")
+    cpu = _settings(tmp_path, {"site": "perlmutter", "devices": "8", "accelerator": "cpu"}, slurm)[1]
+    assert (cpu.accelerator, cpu.expected_devices) == ("cpu", 4)  # a CPU rank needs one (criterion.promised)

@@ -168,19 +168,37 @@ def settings_for(out: pathlib.Path, base: dict, faults: tuple, options: Options,
                  ) -> PreflightSettings:
     """What the ranks check: the accelerator and precisions the job uses (``base``'s precision, else the spec's or
     the site profile's; the preflight's own launch runs none), and the devices its site profile promises (every GPU
-    node: the profile's ``devices`` or the ranks per node; a CPU rank: one)."""
+    node: the profile's ``devices``, else the ranks per node; a CPU rank: one). Raises UsageError for more ranks a
+    node than the site's devices a node on a GPU accelerator (``check_devices``)."""
     from sprite import contract
     from sprite.launch.plan import assemble
     from sprite.parity.preflight.settings import precisions_for
 
     job, site = assemble({**flags_for(out, base), "precision": base.get("precision")}, spec_file, environ,
                          allow_literal_secrets)
-    promised = max(int(site.job.get("devices") or 0), launch_plan.world.devices)
-    return PreflightSettings(accelerator=launch_plan.env.get(contract.ACCELERATOR, "auto"),
+    accelerator = launch_plan.env.get(contract.ACCELERATOR, "auto")
+    promised = int(site.job.get("devices") or 0) or launch_plan.world.devices
+    check_devices(job, site.name, accelerator, launch_plan.world.devices, promised)
+    return PreflightSettings(accelerator=accelerator,
                              precisions=precisions_for(job.precision), size=options.size, repeats=options.repeats,
                              slow_factor=options.slow_factor, expected_devices=promised,
                              allreduce_mib=options.allreduce_mib, collective_timeout=options.collective_timeout,
                              rendezvous_timeout=options.deadline, faults=faults)
+
+
+def check_devices(job, site: str, accelerator: str, ranks: int, promised: int) -> None:
+    """Raises UsageError when ``ranks`` a node exceed the ``promised`` devices a node of a GPU ``accelerator``:
+    a rank takes a device of its own (as ``plan.check_devices_here`` refuses on this machine), so every node would
+    fail ``devices``. CPU ranks, and ``auto`` (CPU ranks with a CPU build of torch), are not refused."""
+    from sprite.errors import UsageError
+
+    if accelerator in ("cpu", "auto") or ranks <= promised:
+        return
+    asked = job.blame("devices") if job.devices else f"The allocation's {ranks} tasks a node"
+    raise UsageError(f"{asked}: {ranks} ranks on every node, but the site profile {site} promises {promised} "
+                     f"{accelerator} device(s) a node.", "Every rank takes a device of its own, so the preflight "
+                     "would find every node short of devices.",
+                     f"Use --devices {promised} or fewer, or --accelerator cpu for CPU ranks.")
 
 
 def check_out(out: pathlib.Path) -> None:
@@ -197,9 +215,9 @@ def checked(out: pathlib.Path, base: dict, fault_values: list[str] | None, optio
             environ: Mapping[str, str] = os.environ, spec_file: str | None = None, fault_option: str = "--fault",
             staged: str | None = None, allow_literal_secrets: bool = False) -> tuple[LaunchPlan, PreflightSettings]:
     """The preflight's launch plan and settings, every input checked and nothing made: ``sprite run --stage
-    --preflight`` calls it before it stages anything. Raises UsageError for a world that cannot be launched here, a
-    bad fault, a used ``out``, a missing launcher, a taken rendezvous port, or a literal secret unless
-    ``allow_literal_secrets``."""
+    --preflight`` calls it before it stages anything. Raises UsageError for a world that cannot be launched here or
+    that puts more GPU ranks on a node than the site's devices, a bad fault, a used ``out``, a missing launcher, a
+    taken rendezvous port, or a literal secret unless ``allow_literal_secrets``."""
     from sprite.launch.execute import check_ready
     from sprite.parity.preflight.settings import parse_faults
 
