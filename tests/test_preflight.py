@@ -44,7 +44,8 @@ def _judge(computed, final, hosts=HOSTS, per_node=1, expected=1, factor=2.0, gol
 
 
 def _failed(nodes) -> dict:
-    return {node["host"]: node["failed"] for node in nodes if not node["ok"]}
+    """The nodes named, with their failed checks (an inconclusive preflight names none, and none is ok)."""
+    return {node["host"]: node["failed"] for node in nodes if node["failed"]}
 
 
 # --- the criterion: pure functions over recorded numbers ---
@@ -142,6 +143,78 @@ def test_a_rank_that_never_finishes_its_collectives_is_blamed_and_its_peers_time
 def test_a_failed_collective_with_every_rank_reporting_fails_those_ranks_nodes():
     final = {0: _final(0), 1: _final(1, ok=False), 2: _final(2)}
     assert list(_failed(_judge({r: _good(r) for r in range(3)}, final))) == ["n1"]
+
+
+def _rendezvous_failed(rank: int, error: str, timed_out: bool = False) -> dict:
+    return {"rank": rank, "rendezvous": {"ok": False, "error": error, "timed_out": timed_out}}
+
+
+PORT_TAKEN = "DistNetworkError: The server socket has failed to listen on any local network address. EADDRINUSE"
+
+
+def test_the_worker_tells_a_rendezvous_that_waited_out_its_timeout_from_one_that_failed_by_itself():
+    """torch 2.13's messages, seen here with gloo: a client and the store's server that waited 3 s for a peer,
+    and a server whose port was taken (failed at once)."""
+    from sprite.parity.preflight.worker import rendezvous_timed_out
+
+    assert rendezvous_timed_out("DistNetworkError: The client socket has timed out after 3000ms while trying to "
+                                "connect to (127.0.0.1, 29877).", 5.1, 600)
+    assert rendezvous_timed_out("DistStoreError: Timed out after 4 seconds waiting for clients. 1/2 clients "
+                                "joined.", 4.0, 600)
+    assert rendezvous_timed_out("RuntimeError: anything", 590.0, 600)  # it waited most of its timeout
+    assert not rendezvous_timed_out(PORT_TAKEN, 0.0, 600)
+
+
+def test_a_rank_whose_own_rendezvous_fails_is_blamed_and_the_ranks_waiting_in_it_are_notes():
+    """Rank 0 cannot listen on the rendezvous port and writes its final record at once; the others, still in the
+    rendezvous, are stopped 5 s later with no final record: they are not hung, rank 0 is at fault."""
+    nodes = _judge({r: _good(r) for r in range(3)}, {0: _rendezvous_failed(0, PORT_TAKEN)})
+    assert _failed(nodes) == {"n0": {"collective": [f"rank 0: the rendezvous failed: {PORT_TAKEN}"]}}
+    assert nodes[1]["notes"] == ["rank 1: stopped in the rendezvous that rank 0 failed"]
+    assert criterion.launch_problem({r: _good(r) for r in range(3)}, {0: _rendezvous_failed(0, PORT_TAKEN)}, 3) \
+        is None
+
+
+def test_a_rank_failing_its_own_rendezvous_excuses_the_failed_collectives_of_the_ranks_that_joined():
+    """With a lazily connecting backend (NCCL, XCCL) ranks 0 and 1 get past the rendezvous and then time out
+    waiting for rank 2, which failed its own: only rank 2's node is named."""
+    final = {0: _final(0, ok=False), 1: _final(1, ok=False), 2: _rendezvous_failed(2, "ValueError: bad address")}
+    nodes = _judge({r: _good(r) for r in range(3)}, final)
+    assert _failed(nodes) == {"n2": {"collective": ["rank 2: the rendezvous failed: ValueError: bad address"]}}
+    assert nodes[0]["notes"][0].startswith("rank 0: the all-reduce over all ranks failed")
+
+
+def test_a_rendezvous_that_timed_out_is_blamed_only_when_other_ranks_got_past_it():
+    timed_out = _rendezvous_failed(2, "DistNetworkError: The client socket has timed out", timed_out=True)
+    final = {0: _final(0, ok=False), 1: _final(1, ok=False), 2: timed_out}
+    assert list(_failed(_judge({r: _good(r) for r in range(3)}, final))) == ["n2"]
+    nodes = _judge({r: _good(r) for r in range(3)}, {2: timed_out})  # nobody got past it: no node is named
+    assert _failed(nodes) == {} and not any(n["ok"] for n in nodes)
+    assert nodes[2]["notes"] == ["rank 2: the rendezvous failed: DistNetworkError: The client socket has timed out"]
+
+
+def test_when_every_rank_started_and_none_got_past_the_rendezvous_no_node_is_named_and_none_is_ok():
+    """Rank 1 crashed hard after its compute record, the others waited in the rendezvous until the deadline:
+    nothing in the records says which node kept them waiting, so the preflight is inconclusive."""
+    computed = {r: _good(r) for r in range(3)}
+    nodes = _judge(computed, {})
+    assert _failed(nodes) == {} and not any(n["ok"] for n in nodes)
+    assert nodes[1]["notes"] == [f"rank 1: {criterion.UNJOINED}"]
+    assert criterion.launch_problem(computed, {}, 3) == \
+        "every rank started, and none got past the rendezvous nor failed it by itself"
+
+
+def test_ranks_that_never_started_are_named_and_those_waiting_for_them_in_the_rendezvous_are_not():
+    computed = {r: _good(r) for r in (0, 1)}
+    nodes = _judge(computed, {})
+    assert _failed(nodes) == {"n2": {"reported": ["rank 2: wrote no record (never started, or died first)"]}}
+    assert criterion.launch_problem(computed, {}, 3) is None
+
+
+def test_a_launch_where_no_rank_wrote_anything_names_no_node():
+    nodes = _judge({}, {})
+    assert _failed(nodes) == {} and not any(n["ok"] for n in nodes)
+    assert criterion.launch_problem({}, {}, 3) == "no rank wrote a record"
 
 
 def test_a_rank_without_any_record_is_named_by_its_host_and_node_groups_ranks_in_blocks():

@@ -11,9 +11,15 @@ A node fails a check when one of its ranks does:
   fails, since none can be trusted);
 * ``slow``: its fastest repetition (of both timed windows) took more than ``slow_factor`` times the median of the
   other ranks of its kind;
-* ``collective``: it never finished its all-reduces (sprite stopped the launch while it hung), or a collective
-  failed while every rank of the world reported (a link, not a peer, is at fault). A timeout caused by a silent
-  peer is noted on the healthy ranks, not failed.
+* ``collective``: its own rendezvous failed (not by waiting out its timeout: a port taken, an address that does not
+  resolve); it never finished its all-reduces after some rank got past the rendezvous (sprite stopped the launch
+  while it hung); or a collective failed while every rank of the world reported and joined (a link, not a peer, is
+  at fault). A timeout caused by a silent peer, and a rank silent in a rendezvous some rank failed, are noted, not
+  failed.
+
+Some launches name no node (``launch_problem``): no rank wrote a record (the launch failed as a whole), or every
+rank started and none got past the rendezvous nor failed it by itself (nothing tells which node kept the others
+waiting). Such a preflight is inconclusive, and no node in it is ok.
 """
 
 from __future__ import annotations
@@ -133,46 +139,87 @@ def device_problems(computed: dict[int, dict], expected: int) -> dict[int, list[
 
 
 HUNG = "never finished its all-reduces (it hangs, or still waited on a peer that does when the launch was stopped)"
+UNJOINED = "never got past the rendezvous, which no rank got past"
 STEPS = (("rendezvous", "the rendezvous"), ("node_allreduce", "the node's all-reduce"),
          ("global_allreduce", "the all-reduce over all ranks"))
 
 
+def joined(record: dict) -> bool:
+    """Whether a final record says its rank got past the rendezvous."""
+    return bool(record.get("rendezvous", {}).get("ok"))
+
+
+def own_rendezvous_failure(record: dict) -> bool:
+    """Whether a final record says its rank's rendezvous failed by itself: not by waiting out its timeout (the
+    worker records ``timed_out``), which only says some peer never came."""
+    rendezvous = record.get("rendezvous")
+    return rendezvous is not None and not rendezvous.get("ok") and not rendezvous.get("timed_out")
+
+
 def collective_problems(computed: dict[int, dict], final: dict[int, dict], world: int
                         ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
-    """(problems, notes) of the collectives: a rank that started and never finished them fails; a failed
-    collective fails its rank only when every rank of the world finished (else the silent one is to blame and
-    the failure is a note)."""
+    """(problems, notes) of the collectives. A rank whose own rendezvous failed fails, and the ranks silent then (a
+    compute record, no final one) waited in that rendezvous: a note each. Else a silent rank fails as hung when
+    some rank got past the rendezvous, and is a note when none did (``launch_problem``). A rendezvous that timed
+    out fails its rank when some other rank got past it, else is a note. A failed all-reduce fails its rank only
+    when every rank of the world finished and joined (else the absent one is to blame and the failure is a note)."""
     problems: dict[int, list[str]] = defaultdict(list)
     notes: dict[int, list[str]] = defaultdict(list)
-    silent = [rank for rank in range(world) if rank not in final]
-    for rank in silent:
-        if rank in computed:
-            problems[rank].append(HUNG)
+    failed_own = sorted(rank for rank, record in final.items() if own_rendezvous_failure(record))
+    anyone_joined = any(joined(record) for record in final.values())
+    absent = any(rank not in final or not joined(final[rank]) for rank in range(world))
+    for rank in range(world):
+        if rank in computed and rank not in final:
+            if failed_own:
+                notes[rank].append(f"stopped in the rendezvous that rank {_ranks(failed_own)} failed")
+            elif anyone_joined:
+                problems[rank].append(HUNG)
+            else:
+                notes[rank].append(UNJOINED)
     for rank, record in final.items():
         for step, label in STEPS:
             result = record.get(step)
             if result is None or result.get("ok"):
                 continue
-            where = problems if not silent else notes
-            where[rank].append(f"{label} failed: {result.get('error', 'no detail')}")
+            blamed = (anyone_joined or not result.get("timed_out")) if step == "rendezvous" else not absent
+            (problems if blamed else notes)[rank].append(f"{label} failed: {result.get('error', 'no detail')}")
             break
     return dict(problems), dict(notes)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:4])) + (f" ... ({len(ranks)} ranks)" if len(ranks) > 4 else "")
+
+
+def launch_problem(computed: dict[int, dict], final: dict[int, dict], world: int) -> str | None:
+    """Why the records name no node for the launch as a whole, or None: no rank wrote a record (the launcher, the
+    environment or the interpreter failed everywhere), or every rank started and none got past the rendezvous nor
+    failed it by itself (a rank that crashed in it, an unreachable rendezvous address: nothing names the node)."""
+    if not computed and not final:
+        return "no rank wrote a record"
+    decided = any(joined(record) or own_rendezvous_failure(record) for record in final.values())
+    if all(rank in computed for rank in range(world)) and not decided:
+        return "every rank started, and none got past the rendezvous nor failed it by itself"
+    return None
 
 
 def judge(hosts: tuple[str, ...], per_node: int, computed: dict[int, dict], final: dict[int, dict],
           expected_devices: int, slow_factor: float, size: int, golden: dict = GOLDEN) -> list[dict]:
     """One verdict per node, in node order: host, ok, failed checks with their reasons (rank-prefixed), notes,
-    compute time (the node's slowest rank) and the all-reduces' bus bandwidth (the node's lowest)."""
+    compute time (the node's slowest rank) and the all-reduces' bus bandwidth (the node's lowest). No node is ok
+    when ``launch_problem`` finds one; when no rank wrote anything, none is named either."""
     world = len(hosts) * per_node
     timed = fastest(computed, final)
     found = {
-        "reported": {r: ["wrote no record (never started, or died first)"] for r in range(world) if r not in computed},
+        "reported": {r: ["wrote no record (never started, or died first)"] for r in range(world)
+                     if r not in computed and (computed or final)},
         "devices": device_problems(computed, expected_devices),
         "result": result_problems(computed, size, golden),
         "slow": slow_problems(timed, slow_factor),
     }
     found["collective"], notes = collective_problems(computed, final, world)
-    return [_node(node, host, range(node * per_node, (node + 1) * per_node), found, notes, timed, final)
+    judged = launch_problem(computed, final, world) is None
+    return [_node(node, host, range(node * per_node, (node + 1) * per_node), found, notes, timed, final, judged)
             for node, host in enumerate(hosts)]
 
 
@@ -193,12 +240,13 @@ def _lowest(values):
     return min(values) if values else None
 
 
-def _node(node: int, host: str, ranks: range, found: dict, notes: dict, computed: dict, final: dict) -> dict:
+def _node(node: int, host: str, ranks: range, found: dict, notes: dict, computed: dict, final: dict,
+          judged: bool = True) -> dict:
     failed = {check: [f"rank {r}: {why}" for r in ranks for why in found[check].get(r, [])] for check in CHECKS}
     failed = {check: reasons for check, reasons in failed.items() if reasons}
     times = [computed[r]["seconds"] for r in ranks if isinstance(computed.get(r, {}).get("seconds"), (int, float))]
     return {
-        "node": node, "host": host, "ok": not failed, "failed": failed,
+        "node": node, "host": host, "ok": judged and not failed, "failed": failed,
         "notes": [f"rank {r}: {why}" for r in ranks for why in notes.get(r, [])],
         "compute_seconds": max(times) if times else None,
         "node_busbw_gbps": _lowest(final.get(r, {}).get("node_allreduce", {}).get("busbw_gbps") for r in ranks),

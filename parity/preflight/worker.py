@@ -98,15 +98,25 @@ def allreduce(group, ranks: int, kind, device: torch.device, mib: float) -> dict
     return {"ok": True, "ranks": ranks, "seconds": seconds, "busbw_gbps": busbw}
 
 
+def rendezvous_timed_out(error: str, seconds: float, limit: float) -> bool:
+    """Whether a failed rendezvous waited for peers that never came (the criterion then blames a silent peer, not
+    this rank): it took most of its timeout, or torch says it timed out ("Timed out after 600 seconds waiting for
+    clients", "The client socket has timed out"). A port taken or an address that does not resolve fails fast."""
+    return seconds >= 0.9 * limit or "timed out" in error.lower()
+
+
 def collectives(ident: dict, settings: PreflightSettings, kind, fault: str | None) -> dict:
     """Rendezvous, then the node's all-reduce and the world's. The "hang" fault joins the rendezvous and then
     never enters an all-reduce. The rendezvous waits as long as the ranks' start-up may spread (the launch's
     deadline); each all-reduce runs in a group of its own made with the collective timeout."""
     timeout = datetime.timedelta(seconds=settings.collective_timeout)
+    start = time.monotonic()
     try:
         dist.init_process_group(kind.backend, timeout=datetime.timedelta(seconds=settings.rendezvous_timeout))
     except Exception as err:
-        return {"rendezvous": {"ok": False, "error": one_line(f"{type(err).__name__}: {err}", 300)}}
+        error = one_line(f"{type(err).__name__}: {err}", 300)
+        return {"rendezvous": {"ok": False, "error": error, "timed_out": rendezvous_timed_out(
+            error, time.monotonic() - start, settings.rendezvous_timeout)}}
     if fault == "hang":
         time.sleep(HANG_SECONDS)
     device = _device(kind)
