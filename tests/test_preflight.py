@@ -729,3 +729,60 @@ def test_the_devices_promised_are_the_sites_devices_a_node_and_more_gpu_ranks_ar
         "--devices 8: 8 ranks on every node, but the site profile perlmutter promises 4 cuda device(s) a node.")
     cpu = _settings(tmp_path, {"site": "perlmutter", "devices": "8", "accelerator": "cpu"}, slurm)[1]
     assert (cpu.accelerator, cpu.expected_devices) == ("cpu", 4)  # a CPU rank needs one (criterion.promised)
+
+
+# --- a launch that fails as a whole names no node ---
+
+def _fake_srun_allocation(env: dict, tmp_path) -> dict:
+    """A simulated Slurm allocation of n1..n3 whose srun is a FAKE that fails at once, as a real srun without a
+    Slurm configuration does ("srun: fatal: Could not establish a configuration source")."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text("#!/bin/sh\necho 'srun: error: FAKE: failed to fetch config' >&2\n"
+                    "echo 'srun: fatal: FAKE: Could not establish a configuration source' >&2\nexit 1\n")
+    srun.chmod(0o755)
+    return {**env, "SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NNODES": "3",
+            "PATH": os.pathsep.join([str(bin_dir), env["PATH"]])}
+
+
+def test_a_launcher_that_fails_before_any_record_is_reported_as_such_naming_no_node(sprite_cmd, clean_env, tmp_path):
+    env = _fake_srun_allocation(clean_env, tmp_path)
+    args = [*sprite_cmd, "preflight", "--launcher", "srun", "--accelerator", "cpu", "--deadline", "20",
+            "--collective-timeout", "1"]
+    done = subprocess.run([*args, "--json", "--out", str(tmp_path / "a")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is False and report["failed_hosts"] == [], report
+    assert report["inconclusive"] == (
+        f"no rank wrote a record; the launcher exited 1 after {report['launch']['seconds']:.1f} s; launch.log ends: "
+        "srun: error: FAKE: failed to fetch config | srun: fatal: FAKE: Could not establish a configuration source")
+    assert not any(node["ok"] or node["failed"] for node in report["nodes"])
+    shown = subprocess.run([*args, "--out", str(tmp_path / "b")], env={**env, "COLUMNS": "400"},
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 1
+    assert "3 node(s) in" in shown.stdout and ": inconclusive: no rank wrote a record; the launcher exited 1" in \
+        shown.stdout and "Could not establish a configuration source" in shown.stdout, shown.stdout
+    assert "failed:" not in shown.stdout
+
+
+def test_run_with_preflight_stops_with_one_line_when_the_preflights_launch_fails(sprite_cmd, clean_env, tmp_path,
+                                                                                example_script):
+    """No node is left out nor said to have failed the preflight: the run stops (exit 1, as a failed stage does),
+    run.json says so, and the audit's preflight record says why."""
+    env = _fake_srun_allocation(clean_env, tmp_path)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([*sprite_cmd, "run", "--launcher", "srun", "--nodes", "2", "--devices", "1",
+                           "--accelerator", "cpu", "--preflight", "--run-dir", str(run_dir), example_script],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("sprite: error:")]
+    assert len(said) == 1 and said[0].startswith("sprite: error: The preflight before the launch judged no node: no "
+                                                 "rank wrote a record; the launcher exited 1"), done.stderr
+    assert "Could not establish a configuration source" in said[0] and "preflight failed on" not in done.stderr
+    records = _audit(run_dir)
+    assert [r["kind"] for r in records] == ["preflight"]  # nothing launched
+    assert records[0]["decision"] == "stop: inconclusive" and records[0]["left_out"] == []
+    summary = json.loads((run_dir / "run.json").read_text())
+    assert summary["status"] == "preflight failed" and "judged no node" in summary["error"]

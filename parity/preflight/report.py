@@ -1,5 +1,6 @@
 """The report of `sprite preflight`: JSON for machines (``preflight.json`` in the output folder, or ``--json`` on
-stdout) and a table per node for a person. The exit code is the verdict: 0 every node healthy, 1 some node failed.
+stdout) and a table per node for a person. The exit code is the verdict: 0 every node healthy, 1 some node failed
+or the preflight was inconclusive (its launch failed as a whole: ``inconclusive`` says how, and names no node).
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ REPORT = "preflight.json"
 
 
 def build(out: pathlib.Path, settings: PreflightSettings, launch_plan, launched, nodes: list[dict],
-          computed: dict, final: dict) -> dict:
+          computed: dict, final: dict, inconclusive: str | None = None) -> dict:
+    """``inconclusive``: why the launch as a whole names no node (then no node is ok), or None."""
     world = launch_plan.world
     global_times = [r["global_allreduce"]["seconds"] for r in final.values()
                     if r.get("global_allreduce", {}).get("ok")]
     return {
-        "ok": all(node["ok"] for node in nodes),
-        "failed_hosts": [node["host"] for node in nodes if not node["ok"]],
+        "ok": inconclusive is None and all(node["ok"] for node in nodes),
+        "failed_hosts": [node["host"] for node in nodes if node["failed"]],
+        "inconclusive": inconclusive,
         "nodes": nodes,
         "world": {"nodes": world.nodes, "ranks_per_node": world.devices, "launcher": world.flavour,
                   "scheduler": world.alloc.scheduler, "job_id": world.alloc.job_id},
@@ -50,9 +53,11 @@ def _number(value, unit: str, digits: int = 3) -> str:
 
 
 def describe(node: dict) -> str:
-    """A node's state in a few words: ok, or each failed check with its first reason."""
+    """A node's state in a few words: ok, each failed check with its first reason, or not judged."""
     if node["ok"]:
         return "ok"
+    if not node["failed"]:
+        return "not judged (the preflight is inconclusive)"
     return "; ".join(f"{check}: {reasons[0]}" + (f" (+{len(reasons) - 1})" if len(reasons) > 1 else "")
                      for check, reasons in node["failed"].items())
 
@@ -63,13 +68,16 @@ def show(report: dict, console: Console) -> None:
         table.add_column(column)
     for node in report["nodes"]:
         state = describe(node)
-        shown = Text(state, style="green" if node["ok"] else "red")  # Text: reasons hold brackets, never markup
+        style = "green" if node["ok"] else "red" if node["failed"] else "yellow"
+        shown = Text(state, style=style)  # Text: reasons hold brackets, never markup
         table.add_row(str(node["node"]), Text(node["host"]), shown,
                       _number(node["compute_seconds"], " s"), _number(node["node_busbw_gbps"], " GB/s"),
                       _number(node["global_busbw_gbps"], " GB/s"))
     console.print(table)
     launch = report["launch"]
     how = f", stopped by sprite ({launch['stopped']})" if launch["stopped"] else ""
-    verdict = "all nodes healthy" if report["ok"] else f"failed: {', '.join(report['failed_hosts'])}"
+    verdicts = [f"failed: {', '.join(report['failed_hosts'])}" if report["failed_hosts"] else "",
+                f"inconclusive: {report['inconclusive']}" if report.get("inconclusive") else ""]
+    verdict = "all nodes healthy" if report["ok"] else "; ".join(v for v in verdicts if v)
     console.print(f"{len(report['nodes'])} node(s) in {launch['seconds']:.1f} s{how}: {verdict}", markup=False,
                   highlight=False)

@@ -139,15 +139,44 @@ def collect(out: pathlib.Path, world: int) -> tuple[dict[int, dict], dict[int, d
     return found["compute"], final
 
 
+def log_tail(path: pathlib.Path, lines: int = 2, limit: int = 300) -> str:
+    """The last ``lines`` non-empty lines of ``path`` as one line of at most ``limit`` characters ("" when there
+    are none); only the file's last 8 KiB are read."""
+    from sprite.errors import one_line
+
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - 8192))
+            text = file.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return one_line(" | ".join([line.strip() for line in text.splitlines() if line.strip()][-lines:]), limit)
+
+
+def inconclusive(problem: str, launched: Launched, out: pathlib.Path) -> str:
+    """One line on a launch whose records name no node (``criterion.launch_problem``): the problem, how the launch
+    ended and the last lines of its launcher's output."""
+    if launched.exit_code is not None:
+        how = f"the launcher exited {launched.exit_code} after {launched.seconds:.1f} s"
+    elif launched.stopped == "deadline":
+        how = f"stopped by sprite at the deadline, after {launched.seconds:.1f} s"
+    else:
+        how = f"stopped by sprite after {launched.seconds:.1f} s ({launched.stopped})"
+    tail = log_tail(out / LAUNCH_LOG)
+    return f"{problem}; {how}; {LAUNCH_LOG} " + (f"ends: {tail}" if tail else "is empty")
+
+
 def judge(out: pathlib.Path, settings: PreflightSettings, launch_plan: LaunchPlan, launched: Launched) -> dict:
-    """The report (``report.build``) of a finished launch."""
+    """The report (``report.build``) of a finished launch: every node judged, or the launch inconclusive."""
     from sprite.parity.preflight import report
 
     world = launch_plan.world
     computed, final = collect(out, world.size)
     nodes = criterion.judge(world.hosts, world.devices, computed, final, settings.expected_devices,
                             settings.slow_factor, settings.size)
-    return report.build(out, settings, launch_plan, launched, nodes, computed, final)
+    problem = criterion.launch_problem(computed, final, world.size)
+    unsure = inconclusive(problem, launched, out) if problem else None
+    return report.build(out, settings, launch_plan, launched, nodes, computed, final, unsure)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """`sprite preflight`, and `sprite run --preflight`'s hook: every node checked in parallel before a long run.
 
 The harness lives in sprite.parity.preflight and is imported inside the command bodies only, so `sprite --help`
-and planning never import torch. Exit codes: 0 every node healthy, 1 some node failed, 2 bad usage.
+and planning never import torch. Exit codes: 0 every node healthy, 1 some node failed or the preflight was
+inconclusive (its launch failed as a whole), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ HELP = """Check every node of this allocation (or this machine) in parallel befo
 Each rank runs a fixed reference computation (matmuls and one training step in the job's precisions) and
 compares it bit for bit with the known answer and with the ranks of its device kind, times it, counts its
 devices against the site profile, and takes part in an all-reduce within its node and one over all ranks.
-A table per node says ok or which check failed. Exit 0: all healthy; 1: some node failed; 2: bad usage.
+A table per node says ok or which check failed. Exit 0: all healthy; 1: some node failed, or the launch
+failed as a whole (inconclusive); 2: bad usage.
 
 \b
 Examples:
@@ -198,7 +200,8 @@ def before_launch(run, plan, job, prepared):
     run may use (the allocation less --exclude), into ``RUN/preflight``; record the result in the audit. Returns the
     plan of the first attempt: unchanged when every node is healthy, without the failed nodes when the allocation
     has room for the same world (as --spare-nodes allows), or None (exit 1) when it has not. Raises UsageError for
-    a rendezvous port taken since the check."""
+    a rendezvous port taken since the check, SpriteError (exit 1) when the preflight is inconclusive: its launch
+    failed as a whole, no node's fault, so none is left out and the run stops."""
     from rich.console import Console
 
     from sprite.errors import SpriteError
@@ -211,6 +214,14 @@ def before_launch(run, plan, job, prepared):
     bad = result["failed_hosts"]
     fields = {"ok": result["ok"], "seconds": result["launch"]["seconds"], "report": f"{result['out']}/{report.REPORT}",
               "nodes": [{"host": n["host"], "ok": n["ok"], "failed": n["failed"]} for n in result["nodes"]]}
+    unsure = result.get("inconclusive")
+    if unsure:
+        run.record("preflight", **fields, inconclusive=unsure, left_out=[], decision="stop: inconclusive")
+        raise SpriteError(f"The preflight before the launch judged no node: {one_line(unsure, 600)}.",
+                          "Its launch failed as a whole (the launcher, the environment or the rendezvous), which is "
+                          "no node's fault, so no node is left out.",
+                          f"Read {out}/{runner.LAUNCH_LOG} and {out}/logs/, fix the launch, then run again "
+                          "(or without --preflight).")
     if not bad:
         run.record("preflight", **fields, left_out=[], decision="launch")
         return plan
