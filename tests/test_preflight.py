@@ -317,6 +317,9 @@ def test_faults_parse_and_refuse_with_one_line_each():
         with pytest.raises(Exception) as err:
             parse_faults([bad], HOSTS)
         assert says in str(err.value) and err.value.exit_code == 2
+    with pytest.raises(Exception) as twice:  # docs/preflight.md: one fault per host
+        parse_faults(["n1:hang", "n0:slow", "n1:slow"], HOSTS)
+    assert str(twice.value).startswith("--fault names host 'n1' twice.") and twice.value.exit_code == 2
     settings = PreflightSettings(faults=(("n1", "hang"),))
     assert PreflightSettings.from_dict(json.loads(settings.to_json())) == settings
     assert settings.fault_for("n1") == "hang" and settings.fault_for("n0") is None
@@ -786,3 +789,18 @@ def test_run_with_preflight_stops_with_one_line_when_the_preflights_launch_fails
     assert records[0]["decision"] == "stop: inconclusive" and records[0]["left_out"] == []
     summary = json.loads((run_dir / "run.json").read_text())
     assert summary["status"] == "preflight failed" and "judged no node" in summary["error"]
+
+
+def test_without_out_the_records_go_to_a_new_folder_under_sprite_runs_preflight(sprite_cmd, clean_env, tmp_path):
+    """docs/preflight.md and --help: the default --out is a new folder under ./sprite-runs/preflight/ (the launch
+    is the FAKE srun's, which fails at once: only the folder is looked at)."""
+    env = _fake_srun_allocation(clean_env, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run([*sprite_cmd, "preflight", "--launcher", "srun", "--accelerator", "cpu", "--json"],
+                          env=env, cwd=work, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    out = json.loads(done.stdout)["out"]
+    made = list((work / "sprite-runs" / "preflight").iterdir())
+    assert [str(folder) for folder in made] == [out] and (made[0] / "preflight.json").is_file()
+    assert (made[0] / "launch.log").is_file() and (made[0] / "settings.json").is_file()
