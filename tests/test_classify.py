@@ -58,6 +58,10 @@ def test_sprites_own_lines_and_exit_codes():
              "training step at step 37; ranks 12-23 on b in training step at step 36. The ranks on some hosts fell "
              "behind the others in a training step: a node fault is likely (suspect hosts: b). Look at ...")
     assert classify.classify(124, stall).hosts == ("b",)
+    assert classify.classify(124, stall, suspects=("c", "d")).hosts == ("c", "d")  # the watchdog's own Stall
+    assert classify.classify(124, stall, suspects=()).hosts == ()
+    cut = stall.replace("(suspect hosts: b)", "(suspect hosts: b,c and 40 more)")
+    assert classify.classify(124, cut).hosts == ()  # a list cut short names no host
     assert classify.classify(137, "").cause == NODE_FAULT  # killed, and nothing else said
     assert classify.classify(3, "no clue").reason == "exit code 3 with no recognised cause in the log"
     said = "[rank 0] sprite: resume: from ckpts/step=4.ckpt (step 4, epoch 0)\n[rank 1] ValueError: boom"

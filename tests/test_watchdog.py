@@ -51,6 +51,58 @@ def test_summary_groups_ranks_by_phase_and_step():
     assert ranges([5, 0, 1, 2, 9, 10]) == "0-2,5,9-10"
 
 
+def aurora_hosts(count: int) -> list[str]:
+    """Aurora-style names (x1234c5s6b0n0) scattered over the machine, so that no host list folds them short."""
+    import random
+
+    pick = random.Random(7)
+    names = set()
+    while len(names) < count:
+        names.add(f"x{pick.randrange(1000, 5000)}c{pick.randrange(8)}s{pick.randrange(8)}b0n{pick.randrange(2)}")
+    return sorted(names)
+
+
+def test_a_large_worlds_stall_line_is_bounded_and_its_suspect_host_still_relaunches(tmp_path):
+    """256 hosts of 12 ranks, one host a step behind: the stall line stays short with its cause before the summary,
+    and the verdict takes the suspect host from the watchdog's Stall, not from the printed line, so --retries
+    relaunches without that host (the line was cut at errors.MAX_MESSAGE before the cause, and nothing relaunched)."""
+    from types import SimpleNamespace
+
+    from sprite.errors import MAX_MESSAGE, SpriteError, report
+    from sprite.recovery import attempt, classify, policy
+
+    hosts = aurora_hosts(256)
+    late = hosts[200]
+    beats = {h * 12 + j: beat(h * 12 + j, 36 if host == late else 37, host=host)
+             for h, host in enumerate(hosts) for j in range(12)}
+    watch = Watch(Limits.from_options(30), len(beats), started=0.0)
+    assert watch.observe(beats, 1.0) is None
+    stall = watch.observe(beats, 40.0)
+    assert stall.suspect_hosts == (late,)
+    line = report(SpriteError(stall.message()))
+    assert len(line) < 1000 and "more characters cut" not in line, line
+    assert line.index(f"suspect hosts: {late}") < line.index("raise --stall-timeout") < line.index("Where the ranks")
+    assert "ranks 0-2399,2412-3071 on 255 hosts (" in stall.summary and f"ranks 2400-2411 on {late} " in stall.summary
+
+    log = tmp_path / "attempt-1.log"
+    cut = line.replace(f"suspect hosts: {late}", "suspect hosts: " + ",".join(hosts))  # as if cut past MAX_MESSAGE
+    log.write_text(cut[:MAX_MESSAGE] + " ... (1000 more characters cut)\n")
+    plan = SimpleNamespace(world=SimpleNamespace(hosts=hosts, devices=12))
+    code, verdict = attempt._verdict(124, log, plan, beats, stall)
+    assert (code, verdict.cause, verdict.hosts) == (124, classify.STALL, (late,))
+    decision = policy.decide(verdict, 1, 2, True)
+    assert decision.relaunch and decision.exclude == (late,)
+
+
+def test_the_summary_shows_a_few_groups_and_counts_the_rest():
+    beats = {r: beat(r, r, host=f"n{r:03d}") for r in range(30)}  # thirty ranks, each at its own step
+    text = summarize(beats, 40)
+    assert text.count(";") == 8 and text.endswith("; 23 more groups (32 ranks)"), text
+    scattered = {r: beat(r, 5 if r % 3 else 4, host="h1") for r in range(3000)}
+    text = summarize(scattered, 3000)
+    assert len(text) < 400 and "(2000 ranks) on h1 in training step at step 5" in text, text
+
+
 def test_suspects_are_hosts_whose_ranks_all_fell_behind_in_training():
     behind = {0: beat(0, 37, host="a"), 1: beat(1, 37, host="a"), 2: beat(2, 36, host="b"), 3: beat(3, 36, host="b")}
     assert suspects(behind, 4) == ("b",)
@@ -81,7 +133,8 @@ def test_watch_uses_the_first_step_allowance_then_the_stall_timeout():
     assert watch.observe({r: beat(r, 2, count=3) for r in (0, 1)}, 7.9) is None
     stall = watch.observe({r: beat(r, 2, count=3) for r in (0, 1)}, 8.1)
     assert stall and stall.allowance == "stall timeout" and round(stall.idle, 1) == 5.1
-    assert stall.message().startswith("Stopped the run: no rank advanced for 5 s (stall timeout 5 s): ranks 0-1")
+    assert stall.message().startswith("Stopped the run: no rank advanced for 5 s (stall timeout 5 s). The usual")
+    assert stall.message().endswith("Where the ranks were: ranks 0-1 on h1 in training step at step 2.")
 
 
 def test_watch_gives_a_save_the_save_allowance_and_any_rank_progress_resets_the_clock():

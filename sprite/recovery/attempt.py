@@ -95,7 +95,8 @@ def _preempted(beats: dict, world_size: int) -> bool:
     return len(beats) == world_size and all(beat.phase == heartbeat.PREEMPTED for beat in beats.values())
 
 
-def _verdict(code: int, log_path: Path, plan: LaunchPlan, beats: dict) -> tuple[int, classify.Verdict]:
+def _verdict(code: int, log_path: Path, plan: LaunchPlan, beats: dict,
+             stall: Stall | None = None) -> tuple[int, classify.Verdict]:
     world = plan.world
     if code != EXIT_PREEMPTED and _preempted(beats, len(world.hosts) * world.devices):
         print(f"sprite: every rank stopped for preemption (launcher exit code {code}); exit code {EXIT_PREEMPTED}.",
@@ -109,8 +110,10 @@ def _verdict(code: int, log_path: Path, plan: LaunchPlan, beats: dict) -> tuple[
                                  "Fix what that rank's lines above say, then --resume auto takes the newest valid "
                                  "checkpoint; exit code 1.")), file=sys.stderr, flush=True)
         return 1, verdict
-    verdict = _unfinished(classify.classify(code, _tail(log_path), [h for h in world.hosts
-                                                                    for _ in range(world.devices)]), beats)
+    # A stall's suspect hosts come from the watchdog's Stall, never from its line in the log (cut when long).
+    rank_hosts = [h for h in world.hosts for _ in range(world.devices)]
+    verdict = _unfinished(classify.classify(code, _tail(log_path), rank_hosts,
+                                            stall.suspect_hosts if stall else None), beats)
     if code == 0 and verdict.cause != classify.SUCCESS:
         print(report(SpriteError(f"the launcher exited 0, but the run did not finish: {verdict.reason}.")),
               file=sys.stderr, flush=True)
@@ -136,7 +139,7 @@ def run_one(run: Run, plan: LaunchPlan, number: int, signals: child.Forwarding) 
     beats = heartbeat.read_all(watcher.where)
     watcher.watch.observe(beats, time.monotonic())
     stall = watcher.stall if outcome.stopped_by else None
-    code, verdict = _verdict(EXIT_STALLED if stall else outcome.code, log_path, plan, beats)
+    code, verdict = _verdict(EXIT_STALLED if stall else outcome.code, log_path, plan, beats, stall)
     if watcher.failure and outcome.stopped_by and not stall:
         run.record("failure_stop", attempt=number, reason=watcher.failure, grace_seconds=FAILED_GRACE)
     if stall:

@@ -34,7 +34,9 @@ class Verdict:
 
 _FORWARDED = re.compile(r"sprite: received (SIG\w+); passing it to the launcher")
 _STALLED = re.compile(r"sprite: error: (Stopped the run: no rank advanced.*)$", re.M)
-_SUSPECTS = re.compile(r"suspect hosts: ([^)]*)\)")
+# The suspect hosts of a stall line, only when listed whole (a cut list ends "and N more"): a fallback for a log
+# read without the watcher's Stall, whose own hosts attempt.py passes in.
+_SUSPECTS = re.compile(r"suspect hosts: ([\w.-]+(?:,[\w.-]+)*)\)")
 
 _ALLOCATION_END = re.compile(r"DUE TO PREEMPTION|DUE TO TIME LIMIT|PBS: job killed: walltime \S+ exceeded limit")
 _OOM = re.compile(r"can't allocate memory|oom[-_]kill|CUDA out of memory|OutOfMemoryError|OUT_OF_DEVICE_MEMORY")
@@ -87,16 +89,17 @@ def _first_exception(log: str) -> str | None:
     return None
 
 
-def _sprite_verdict(code: int, log: str) -> Verdict | None:
+def _sprite_verdict(code: int, log: str, suspects: tuple[str, ...] | None) -> Verdict | None:
     forwarded = _FORWARDED.findall(log)
     if forwarded:
         cause = INTERRUPTED if forwarded[0] == "SIGINT" else PREEMPTION
         return Verdict(cause, f"sprite received {forwarded[0]} and passed it to the launch")
     stalled = _STALLED.search(log)
     if code == 124 and stalled:
-        suspects = _SUSPECTS.search(stalled.group(1))
-        hosts = tuple(h for h in suspects.group(1).split(",") if h) if suspects else ()
-        return Verdict(STALL, stalled.group(1)[:300], hosts)
+        if suspects is None:
+            listed = _SUSPECTS.search(stalled.group(1))
+            suspects = tuple(listed.group(1).split(",")) if listed else ()
+        return Verdict(STALL, stalled.group(1)[:300], tuple(suspects))
     refused = _refusal(log)
     if code in (1, 2) and refused:
         return Verdict(USAGE if code == 2 else CHECK_FAILED, refused)
@@ -124,17 +127,20 @@ def failed_in_preemption(ranks: Sequence[int], log: str) -> Verdict:
     return Verdict(APP_FAULT, f"{who}: {exception}"[:300] if exception else who)
 
 
-def classify(code: int, log: str, rank_hosts: Sequence[str] = ()) -> Verdict:
+def classify(code: int, log: str, rank_hosts: Sequence[str] = (),
+             suspects: Sequence[str] | None = None) -> Verdict:
     """The Verdict for an attempt that ended with ``code`` (128+N for signal N) and wrote ``log``.
 
     ``rank_hosts[r]`` is the host of rank r, to name the host of a rank the log names only by number.
+    ``suspects``: the hosts the watchdog blamed when it stopped the run for a stall (its Stall's), taken over the
+    stall line in the log, which a large world's line may have cut; None: read them from that line.
     """
     failed = _NODE_FAILURE.search(log)
     if code == 0 and not failed:
         return Verdict(SUCCESS, "every rank finished")
     if code == EXIT_PREEMPTED:
         return Verdict(PREEMPTION, f"the ranks saved a checkpoint on the preemption signal and stopped (exit {code})")
-    found = _sprite_verdict(code, log)
+    found = _sprite_verdict(code, log, None if suspects is None else tuple(suspects))
     if found:
         return found
     ending = _ALLOCATION_END.search(log)

@@ -44,9 +44,14 @@ class Limits:
                    max(stall, save if save else 2 * stall))
 
 
+SUMMARY_GROUPS = 8  # clauses of the stop line's summary at most; the rest are counted
+PART_MAX = 120  # characters of one clause's rank list or host list at most
+
+
 @dataclass(frozen=True)
 class Stall:
-    """A stopped run: how long nothing moved, the limit that applied, and the line that names every rank."""
+    """A stopped run: how long nothing moved, the limit that applied, where the ranks were (summarize), and the
+    hosts whose ranks all fell behind (suspects)."""
 
     idle: float
     limit: float
@@ -55,18 +60,27 @@ class Stall:
     suspect_hosts: tuple[str, ...] = ()
 
     def message(self) -> str:
+        """What stopped, the cause and the fix, then where the ranks were: the summary last, so the classifier and
+        a person read the cause even where a long line is cut (errors.MAX_MESSAGE)."""
         if self.suspect_hosts:
             cause = ("The ranks on some hosts fell behind the others in a training step: a node fault is likely "
-                     f"(suspect hosts: {','.join(self.suspect_hosts)}).")
+                     f"(suspect hosts: {_suspects_text(self.suspect_hosts)}).")
         elif self.allowance == "first-step allowance":
             cause = ("No rank reported a training step and the output stayed silent: a hang in start-up, or a script"
                      " without a Lightning Trainer that reports no steps (add sprite.beat(step) to its loop).")
         else:
             cause = ("The usual cause is a collective that not every rank reached (a save, log or barrier under a "
                      "rank-zero guard), a hung device or a lost node.")
-        return (f"Stopped the run: no rank advanced for {self.idle:.0f} s ({self.allowance} {self.limit:g} s): "
-                f"{self.summary}. {cause} Look at what the named ranks were doing; raise --stall-timeout if a step "
-                "really takes this long.")
+        return (f"Stopped the run: no rank advanced for {self.idle:.0f} s ({self.allowance} {self.limit:g} s). "
+                f"{cause} Look at what the named ranks were doing; raise --stall-timeout if a step really takes this "
+                f"long. Where the ranks were: {self.summary}.")
+
+
+def _suspects_text(hosts: tuple[str, ...], shown: int = 16) -> str:
+    """The suspect hosts, comma-separated; past ``shown`` of them, a count ("and N more"), which classify.py's
+    reading of the line takes for no list at all (attempt.py hands it the Stall's own hosts)."""
+    head = ",".join(hosts[:shown])
+    return head if len(hosts) <= shown else f"{head} and {len(hosts) - shown} more"
 
 
 @dataclass
@@ -145,25 +159,40 @@ def ranges(numbers) -> str:
     return ",".join(out)
 
 
+def _cut(text: str, limit: int = PART_MAX) -> str:
+    """``text`` (a comma list) cut after its last whole item within ``limit`` characters, then "..."."""
+    return text if len(text) <= limit else text[:limit].rsplit(",", 1)[0] + ",..."
+
+
 def _group_text(ranks: list[int], hosts: set[str], what: str) -> str:
     noun = "rank" if len(ranks) == 1 else "ranks"
-    where = f" on {hostlist.collect_hostlist(sorted(hosts))}" if hosts else ""
-    return f"{noun} {ranges(ranks)}{where} {what}"
+    numbers = ranges(ranks)
+    numbers = numbers if len(numbers) <= PART_MAX else f"{_cut(numbers)} ({len(ranks)} ranks)"
+    where = hostlist.collect_hostlist(sorted(hosts)) if hosts else ""
+    if len(where) > PART_MAX:  # scattered names (x1234c5s6b0n0 ...) do not fold into a short host list
+        where = f"{len(hosts)} hosts ({hostlist.collect_hostlist(sorted(hosts)[:3])},...)"
+    return f"{noun} {numbers}{' on ' + where if where else ''} {what}"
 
 
 def summarize(beats: dict[int, Beat], world_size: int) -> str:
     """One clause per (phase, step) group, e.g. "rank 0 on h1 in checkpoint save at step 3; ranks 1-3 on h1 in
-    training step at step 4"; ranks that never wrote a heartbeat are named as such."""
+    training step at step 4"; ranks that never wrote a heartbeat are named as such. Bounded whatever the world:
+    at most SUMMARY_GROUPS clauses (then how many more groups and ranks), each rank and host list cut to PART_MAX
+    characters with a count."""
     groups: dict[tuple[str, int], list[Beat]] = {}
     for beat in sorted(beats.values(), key=lambda b: b.rank):
         groups.setdefault((beat.phase, beat.step), []).append(beat)
     order = sorted(groups, key=lambda key: min(b.rank for b in groups[key]))
-    parts = [_group_text([b.rank for b in groups[key]], {b.host for b in groups[key]},
-                         f"{_PHASE_TEXT.get(key[0], key[0])} at step {key[1]}") for key in order]
+    parts = [([b.rank for b in groups[key]], {b.host for b in groups[key]},
+              f"{_PHASE_TEXT.get(key[0], key[0])} at step {key[1]}") for key in order]
     silent = [rank for rank in range(world_size) if rank not in beats]
     if silent:
-        parts.append(_group_text(silent, set(), "never reported (no heartbeat)"))
-    return "; ".join(parts)
+        parts.append((silent, set(), "never reported (no heartbeat)"))
+    text = [_group_text(*part) for part in parts[:SUMMARY_GROUPS]]
+    rest = parts[SUMMARY_GROUPS:]
+    if rest:
+        text.append(f"{len(rest)} more groups ({sum(len(part[0]) for part in rest)} ranks)")
+    return "; ".join(text)
 
 
 def suspects(beats: dict[int, Beat], world_size: int) -> tuple[str, ...]:
