@@ -221,6 +221,22 @@ def test_a_silent_start_names_sprite_beat_and_a_stalled_step_names_the_collectiv
     assert "sprite.beat" not in stalled and "collective" in stalled
 
 
+def test_the_stop_line_names_the_option_that_sets_the_limit_that_applied():
+    """A save stopped by the save allowance is lengthened with --save-timeout, start-up with --first-step-timeout,
+    and leaving (the exit allowance, as long as the first-step one) has a cause of its own."""
+    from sprite.recovery.watchdog import Stall
+
+    said = {allowance: Stall(61.0, 60.0, allowance, "rank 0 at step 3").message()
+            for allowance in ("stall timeout", "first-step allowance", "save allowance", "exit allowance")}
+    assert "raise --stall-timeout if a step really takes this long" in said["stall timeout"]
+    assert "raise --first-step-timeout if start-up really takes this long" in said["first-step allowance"]
+    assert "raise --save-timeout if a save really takes this long" in said["save allowance"]
+    assert "checkpoint save did not end" in said["save allowance"]
+    assert "raise --first-step-timeout (it sets the exit allowance too) if leaving" in said["exit allowance"]
+    assert "done with the script but the launch did not end" in said["exit allowance"]
+    assert sum("--stall-timeout" in line for line in said.values()) == 1
+
+
 def test_a_failed_rank_stops_the_launch_only_after_the_grace_with_or_without_a_stall_timeout():
     """recovery/watchdog.py FAILED_GRACE: counted from the first heartbeat that says a rank failed, whatever the
     stall limits (a run without --stall-timeout is stopped too); nothing while every rank is healthy."""

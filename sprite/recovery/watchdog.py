@@ -44,6 +44,19 @@ class Limits:
                    max(stall, save if save else 2 * stall))
 
 
+# What each allowance's stop line says: the usual cause, what the limit covers, and the option that sets it.
+_ALLOWANCES = {
+    "stall timeout": ("The usual cause is a collective that not every rank reached (a save, log or barrier under a "
+                      "rank-zero guard), a hung device or a lost node.", "a step", "--stall-timeout"),
+    "first-step allowance": ("No rank reported a training step and the output stayed silent: a hang in start-up, or a"
+                             " script without a Lightning Trainer that reports no steps (add sprite.beat(step) to its "
+                             "loop).", "start-up", "--first-step-timeout"),
+    "save allowance": ("A checkpoint save did not end: the usual cause is a save that not every rank entered (under a "
+                       "rank-zero guard), or a slow or full file system.", "a save", "--save-timeout"),
+    "exit allowance": ("Every rank was done with the script but the launch did not end: a rank stuck while leaving "
+                       "(the process group's teardown, an atexit handler, a thread that is not a daemon).",
+                       "leaving", "--first-step-timeout (it sets the exit allowance too)"),
+}
 SUMMARY_GROUPS = 8  # clauses of the stop line's summary at most; the rest are counted
 PART_MAX = 120  # characters of one clause's rank list or host list at most
 
@@ -55,25 +68,20 @@ class Stall:
 
     idle: float
     limit: float
-    allowance: str  # "stall timeout", "first-step allowance" or "save allowance"
+    allowance: str  # one of _ALLOWANCES: "stall timeout", "first-step allowance", "save allowance", "exit allowance"
     summary: str
     suspect_hosts: tuple[str, ...] = ()
 
     def message(self) -> str:
         """What stopped, the cause and the fix, then where the ranks were: the summary last, so the classifier and
         a person read the cause even where a long line is cut (errors.MAX_MESSAGE)."""
+        cause, what, option = _ALLOWANCES.get(self.allowance, _ALLOWANCES["stall timeout"])
         if self.suspect_hosts:
             cause = ("The ranks on some hosts fell behind the others in a training step: a node fault is likely "
                      f"(suspect hosts: {_suspects_text(self.suspect_hosts)}).")
-        elif self.allowance == "first-step allowance":
-            cause = ("No rank reported a training step and the output stayed silent: a hang in start-up, or a script"
-                     " without a Lightning Trainer that reports no steps (add sprite.beat(step) to its loop).")
-        else:
-            cause = ("The usual cause is a collective that not every rank reached (a save, log or barrier under a "
-                     "rank-zero guard), a hung device or a lost node.")
         return (f"Stopped the run: no rank advanced for {self.idle:.0f} s ({self.allowance} {self.limit:g} s). "
-                f"{cause} Look at what the named ranks were doing; raise --stall-timeout if a step really takes this "
-                f"long. Where the ranks were: {self.summary}.")
+                f"{cause} Look at what the named ranks were doing; raise {option} if {what} really takes this long. "
+                f"Where the ranks were: {self.summary}.")
 
 
 def _suspects_text(hosts: tuple[str, ...], shown: int = 16) -> str:
