@@ -337,6 +337,26 @@ def test_the_dumper_dumps_when_no_progress_comes_and_forgets_a_dump_once_progres
         os.close(dumper.fd)
 
 
+def test_a_rank_in_its_first_step_dumps_by_the_stall_timeout_as_the_watchdog_stops_by_it(tmp_path):
+    """The watchdog holds the run to the stall timeout once any rank is past its first step; a rank hung inside its
+    own first step (after the first all-reduce, before its on_train_batch_end) dumped only at the first-step
+    allowance, after the run was stopped, and so "wrote no stacks"."""
+    from sprite.recovery.watchdog import Watch
+    from sprite.runtime.hang import dump as rank_dump
+
+    heart = FakeHeart()
+    dumper = rank_dump.Dumper(heart, tmp_path, 1, stacks.After(4.8, 298.8, 10.8), interval=0.05)
+    os.close(dumper.fd)
+    ahead = Beat(0, "n1", 1, 1, "training step", 3, 0.0, first_step=0)  # finished step 0, waits in step 1
+    hung = Beat(1, "n1", 2, 0, "training step", 2, 0.0, first_step=0)  # still inside step 0
+    watch = Watch(Limits(6, 300, 12), 2, started=0.0)
+    watch.observe({0: ahead, 1: hung}, 1.0)
+    assert watch.limit_in_force({0: ahead, 1: hung}) == (6, "stall timeout")
+    assert dumper.timeout(hung) == 4.8 < 6
+    assert dumper.timeout(replace(hung, first_step=-1, phase="start")) == 298.8  # before its first step
+    assert dumper.timeout(replace(hung, phase="checkpoint save")) == 10.8
+
+
 def test_the_dumper_never_writes_over_a_file_or_through_a_symlink(tmp_path, capsys):
     from sprite.runtime.hang import dump as rank_dump
 

@@ -44,10 +44,14 @@ class Dumper:
         return self
 
     def timeout(self, beat) -> float:
-        """The watchdog's limit for this rank's own state, less the margin the launcher gave (SPRITE_STACKS_AFTER)."""
+        """The watchdog's limit for this rank's state, less the margin the launcher gave (SPRITE_STACKS_AFTER).
+        From this rank's first training step on it is the stall timeout's: the watchdog applies the stall timeout
+        as soon as any rank is past its first step, and this rank may hang inside its own first step (after the
+        first all-reduce) while the others finished theirs; a long first step only costs a dump that its end
+        removes."""
         if beat.phase == heartbeat.SAVE:
             return self.after.save
-        return self.after.stall if beat.past_first_step else self.after.first_step
+        return self.after.stall if beat.first_step >= 0 else self.after.first_step
 
     def tick(self, now: float) -> None:
         """Re-arm the dump when the heartbeat moved; write the recorder's summary once it is due."""
