@@ -371,6 +371,83 @@ def test_the_dumper_never_writes_over_a_file_or_through_a_symlink(tmp_path, caps
     assert rank_dump.start(FakeHeart(), {**env, contract.STACKS_AFTER: ""}, 2, 1.0) is None
 
 
+class FakeDist:
+    """torch.distributed as the recorder sees it, without torch (a fake: the malformed traces cannot be made)."""
+
+    def __init__(self, backend="gloo"):
+        self.backend = backend
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def get_backend(self):
+        if isinstance(self.backend, Exception):
+            raise self.backend
+        return self.backend
+
+
+@pytest.mark.parametrize("trace, backend", [
+    ({"pg_status": {"0": "x"}}, "gloo"),  # a group's status that is no object
+    ([1, 2], "gloo"),  # a trace that is no object
+    ({"pg_status": {"0": {}}, "entries": [{"pg_id": "0", "collective_seq_id": "a"}, {"pg_id": "0"}]}, "gloo"),
+    ({}, RuntimeError("Invalid process group specified")),  # get_backend raising
+], ids=["status-not-object", "trace-not-object", "seq-not-number", "backend-raises"])
+def test_the_recorder_summary_never_raises_on_a_trace_or_backend_it_does_not_know(monkeypatch, trace, backend):
+    import types
+
+    from sprite.runtime.hang import recorder
+
+    fake = types.ModuleType("fake_c10d")
+    fake.dump = lambda *args: json.dumps(trace)
+    monkeypatch.setitem(sys.modules, "fake_c10d", fake)
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeDist(backend))
+    monkeypatch.setattr(recorder, "RECORDER", ("fake_c10d", "dump"))
+    found = recorder.summary()
+    assert set(found) == {"backend", "none"}, found
+    assert "could not be summarised" in found["none"] or "unknown shape" in found["none"], found
+
+
+def test_the_stack_thread_outlives_a_failing_tick_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
+    """A fault in one look at the heartbeat (a recorder summary that raised, a full disk) is said once; the thread
+    goes on re-arming the dump, and a collectives file that could not be written leaves no .tmp behind."""
+    from sprite.runtime.hang import dump as rank_dump
+    from sprite.runtime.hang import recorder
+
+    dumper = rank_dump.Dumper(FakeHeart(), tmp_path, 1, stacks.After(60, 60, 60), interval=0.01)
+    os.close(dumper.fd)
+    looks, naps = [], []
+
+    def tick(now):
+        looks.append(now)
+        if len(looks) <= 2:
+            raise ValueError("the recorder's trace changed shape")
+
+    class Enough(BaseException):
+        pass
+
+    def sleep(seconds):
+        naps.append(seconds)
+        if len(naps) == 4:
+            raise Enough
+
+    monkeypatch.setattr(dumper, "tick", tick)
+    with pytest.raises(Enough):
+        dumper._loop(sleep)
+    assert len(looks) == 4  # still looking after two failures
+    err = capsys.readouterr().err
+    assert err.count("sprite: warning:") == 1 and "ValueError: the recorder's trace changed shape" in err
+
+    monkeypatch.setattr(recorder, "summary", lambda: {"backend": "", "none": "x"})
+    (tmp_path / "rank1.collectives.json").mkdir()  # the rename onto it fails
+    (tmp_path / "rank1.collectives.json" / "x").write_text("")
+    with pytest.raises(OSError):
+        dumper.write_collectives()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank1.collectives.json", "rank1.txt"]  # no .tmp
+
+
 RECORDER_PROBE = """
 import json, os, tempfile, time, torch, torch.distributed as dist
 from sprite.runtime.hang import recorder

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sprite.contract import heartbeat, stacks
 from sprite.contract.stacks import After
+from sprite.errors import one_line
 from sprite.runtime.hang import recorder
 
 
@@ -69,24 +70,35 @@ class Dumper:
             self.write_collectives()
 
     def write_collectives(self) -> None:
+        """Write the recorder's summary under a temporary name, then rename it; the temporary file is removed when
+        a write fails. Raises OSError."""
+        text = json.dumps(recorder.summary())
         final = self.where / stacks.collectives_name(self.rank)
         temporary = self.where / f".{final.name}.{os.getpid()}.tmp"
         fd = _open_new(temporary)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps(recorder.summary()))
-        os.replace(temporary, final)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+            os.replace(temporary, final)
+        except BaseException:
+            _remove(temporary)
+            raise
 
-    def _loop(self) -> None:
+    def _loop(self, sleep=time.sleep) -> None:
+        """Tick every interval for the rank's life. A failing tick is said once on stderr and the thread goes on,
+        so the dump is still re-armed when the heartbeat moves."""
         warned = False
         while True:
             try:
                 self.tick(time.monotonic())
-            except OSError as err:
+            except Exception as err:  # noqa: BLE001 (this thread must outlive any fault: it is the rank's dump)
                 if not warned:
                     warned = True
-                    print(f"sprite: warning: cannot write this rank's stacks in {self.where} ({err.strerror}); a "
-                          "stall will not show where it was.", file=sys.stderr, flush=True)
-            time.sleep(self.interval)
+                    why = err.strerror if isinstance(err, OSError) and err.strerror else \
+                        f"{type(err).__name__}: {one_line(str(err), 200)}"
+                    print(f"sprite: warning: cannot write this rank's stacks in {self.where} ({why}); a stall "
+                          "may not show where it was.", file=sys.stderr, flush=True)
+            sleep(self.interval)
 
 
 def start(heart, env, rank: int, interval: float) -> Dumper | None:

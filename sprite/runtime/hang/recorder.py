@@ -17,7 +17,15 @@ NO_RECORDER = {"xccl": "no flight recorder on XCCL in this torch (torch-xpu-ops 
 
 def summary() -> dict:
     """``{"backend", "groups": [{"name", "ranks", "last_enqueued", "last_completed", "last": {...}}]}`` or
-    ``{"backend", "none": why}``. Never raises: a failing dump is reported as the reason there is none."""
+    ``{"backend", "none": why}``. Never raises: a failing dump, or a trace of a shape this code does not know, is
+    reported as the reason there is none."""
+    try:
+        return _summary()
+    except Exception as err:  # noqa: BLE001 (torch's private trace format may change: say so, never stop the rank)
+        return {"backend": "", "none": f"the flight recorder could not be summarised ({type(err).__name__})"}
+
+
+def _summary() -> dict:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return {"backend": "", "none": "no process group was started"}
@@ -29,7 +37,10 @@ def summary() -> dict:
         trace = json.loads(getattr(module, RECORDER[1])(True, False))
     except Exception as err:  # noqa: BLE001 (any failure of a private torch function: say it, never stop the rank)
         return {"backend": backend, "none": f"the flight recorder could not be read ({type(err).__name__})"}
-    groups = _groups(trace)
+    try:
+        groups = _groups(trace)
+    except Exception as err:  # noqa: BLE001 (a trace of another shape than torch 2.13.0's)
+        return {"backend": backend, "none": f"the flight recorder's trace has an unknown shape ({type(err).__name__})"}
     if not groups:
         return {"backend": backend, "none": f"the flight recorder recorded no collective on {backend} "
                                             "(TORCH_FR_BUFFER_SIZE unset or 0?)"}
