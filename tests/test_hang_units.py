@@ -337,6 +337,30 @@ def test_the_dumper_dumps_when_no_progress_comes_and_forgets_a_dump_once_progres
         os.close(dumper.fd)
 
 
+def test_progress_between_the_collectives_file_and_the_dump_removes_the_collectives_file(tmp_path):
+    """The collectives file is written one interval before the dump; progress in between prevents the dump, and the
+    collectives file of that slow step must go too, or a later stall shows it beside stacks of another moment."""
+    from sprite.runtime.hang import dump as rank_dump
+
+    heart = FakeHeart()
+    dumper = rank_dump.Dumper(heart, tmp_path, 1, stacks.After(60, 60, 60), interval=0.05)
+    collectives = tmp_path / "rank1.collectives.json"
+    try:
+        now = time.monotonic()
+        dumper.tick(now)  # armed for 60 s; the summary is due at 59.95 s
+        dumper.tick(now + 59.96)
+        assert collectives.exists() and (tmp_path / "rank1.txt").read_text().count("\n") == 1  # no dump yet
+        heart.beat = replace(heart.beat, count=11)
+        dumper.tick(now + 59.99)
+        assert not collectives.exists()
+        heart.beat = replace(heart.beat, count=12)
+        dumper.tick(now + 60.0)  # nothing written since: nothing to remove, and no error
+        assert not collectives.exists()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        os.close(dumper.fd)
+
+
 def test_a_rank_in_its_first_step_dumps_by_the_stall_timeout_as_the_watchdog_stops_by_it(tmp_path):
     """The watchdog holds the run to the stall timeout once any rank is past its first step; a rank hung inside its
     own first step (after the first all-reduce, before its on_train_batch_end) dumped only at the first-step

@@ -39,6 +39,7 @@ class Dumper:
         self.header = len(header)
         self._seen: tuple | None = None
         self._recorder_due: float | None = None
+        self._collectives_written = False
 
     def start(self) -> Dumper:
         threading.Thread(target=self._loop, name="sprite-stacks", daemon=True).start()
@@ -61,6 +62,8 @@ class Dumper:
             self._seen = (beat.count, beat.phase)
             if os.fstat(self.fd).st_size > self.header:  # dumped, then advanced: a slow step, no hang
                 os.ftruncate(self.fd, self.header)
+            if self._collectives_written:  # written a little before the dump, which progress may have prevented
+                self._collectives_written = False
                 _remove(self.where / stacks.collectives_name(self.rank))
             timeout = self.timeout(beat)
             faulthandler.dump_traceback_later(timeout, repeat=False, file=self.fd, exit=False)
@@ -80,6 +83,7 @@ class Dumper:
             with os.fdopen(fd, "w") as out:
                 out.write(text)
             os.replace(temporary, final)
+            self._collectives_written = True
         except BaseException:
             _remove(temporary)
             raise
