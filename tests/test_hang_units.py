@@ -221,6 +221,34 @@ def test_ranks_at_the_same_place_but_different_collectives_are_two_groups():
     assert [[s.rank for s in group] for group in dg.groups(states)] == [[0, 1], [2]]
 
 
+def test_ranks_that_print_alike_but_differ_for_the_culprit_rules_are_two_groups():
+    """The recorder's phrase shows three process groups; a fourth one's unfinished collective makes rank 0 wait
+    while rank 1, alike in print, is elsewhere: the culprit. They shared one line, which carried no culprit mark."""
+    alike = places.Where(places.USER, "stuck in f (train.py:5)")
+    states = {0: dg.RankState(0, "n1", alike, "a #1 completed; b #1 on group 1 completed", 4, pending=True),
+              1: dg.RankState(1, "n1", alike, "a #1 completed; b #1 on group 1 completed", 4),
+              **{r: state(r, places.COLLECTIVE, "waiting in all_reduce") for r in (2, 3)}}
+    found = dg.diagnose(states)
+    assert found.culprits == (1,)
+    assert found.lines[0] == ("rank 1 on n1: stuck in f (train.py:5); collectives: a #1 completed; b #1 on group 1 "
+                              "completed <- the likely culprit: not in a collective while the others wait in one")
+    assert found.lines[1].startswith("rank 0 on n1: stuck in f (train.py:5)") and found.lines[1].endswith(", for rank 1")
+    behind = {r: state(r, places.COLLECTIVE, "waiting in all_reduce", seq=9) for r in range(3)}
+    behind[2] = replace(behind[2], seq=8)  # same phrase, another sequence number: rule 2 names it
+    assert dg.diagnose(behind).lines[0].startswith("rank 2 on n1: waiting in all_reduce; collectives: #9 <- the likely")
+
+
+def test_the_recorder_phrase_shows_unfinished_groups_first_and_counts_the_rest():
+    def group(pg, done):
+        return {"pg": pg, "name": f"g{pg}", "last_enqueued": 3, "last_completed": 3 if done else 2,
+                "last": {"op": "all_reduce", "seq": 3, "sizes": [[1]], "completed": done}}
+
+    text, _ = places.collectives({"groups": [group("0", True), group("1", True), group("2", True),
+                                             group("3", False), group("4", True)]})
+    assert text == ("all_reduce #3 (1) on group g3 not completed (completed up to #2); all_reduce #3 (1) completed; "
+                    "all_reduce #3 (1) on group g1 completed; 2 more process groups")
+
+
 def test_many_groups_are_cut_and_every_line_is_bounded():
     states = {r: state(r, places.USER, f"stuck in f{r} " + "x" * 900) for r in range(20)}
     found = dg.diagnose(states)

@@ -1,7 +1,7 @@
 """The diagnosis of a stall: ranks grouped by where they were, and the rank that differs named (pure functions).
 
-Ranks whose phrase (where.py) and flight recorder state are the same form one group, so 12 or 12,000 ranks give
-a few lines. The likely culprit, tried in this order:
+Ranks whose phrase (where.py) and flight recorder state are the same, and alike in all the rules below read, form
+one group, so 12 or 12,000 ranks give a few lines. The likely culprit, tried in this order:
 
 0. some ranks finished the script (their heartbeat says done) and others did not: the others, since the
    finished ranks will never join them (a collective under a rank guard, such as a save by rank 0 alone);
@@ -56,11 +56,15 @@ class Diagnosis:
     reason: str
 
 
-def groups(states: dict[int, RankState]) -> list[list[RankState]]:
-    """Ranks with the same phrase and recorder state, each group in rank order, groups by their first rank."""
-    found: dict[tuple[str, str], list[RankState]] = {}
+def groups(states: dict[int, RankState], named: frozenset | set = frozenset()) -> list[list[RankState]]:
+    """Ranks with the same phrase and recorder state, and the same in everything the culprit rules read (waiting,
+    sequence number, a collective of their own), each group in rank order, groups by their first rank. The
+    recorder's phrase shows three process groups at most, so two ranks may print alike and still differ; ranks in
+    ``named`` (the culprits) never share a group with others."""
+    found: dict[tuple, list[RankState]] = {}
     for state in sorted(states.values(), key=lambda s: s.rank):
-        found.setdefault((state.text, state.recorder), []).append(state)
+        key = (state.text, state.recorder, state.waiting, state.seq, state.where.direct, state.rank in named)
+        found.setdefault(key, []).append(state)
     return sorted(found.values(), key=lambda group: group[0].rank)
 
 
@@ -96,7 +100,7 @@ def culprits(states: dict[int, RankState]) -> tuple[set[int], str]:
 def diagnose(states: dict[int, RankState]) -> Diagnosis:
     """One line per group (at most MAX_GROUPS, then a count), the culprit's group first."""
     named, reason = culprits(states)
-    found = groups(states)
+    found = groups(states, named)
     found.sort(key=lambda group: (group[0].rank not in named, group[0].rank))
     lines = []
     for group in found[:MAX_GROUPS]:

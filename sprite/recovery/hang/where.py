@@ -106,7 +106,8 @@ def source_line(frame: Frame, limit: int = 60) -> str:
 
 def collectives(summary: dict | None) -> tuple[str, int | None]:
     """One phrase for a rank's flight recorder summary and its default group's last enqueued sequence number
-    (None when unknown): "all_reduce #13 (161 Float) not completed" or why there is none."""
+    (None when unknown): "all_reduce #13 (161 Float) not completed" or why there is none. Three process groups
+    at most, those with a collective not completed first, then how many more."""
     if not isinstance(summary, dict):
         return "", None
     if summary.get("none"):
@@ -124,8 +125,11 @@ def collectives(summary: dict | None) -> tuple[str, int | None]:
         what = f"{last.get('op')} #{last.get('seq')}" + (f" ({sizes})" if sizes else "")
         state = "completed" if last.get("completed") else f"not completed (completed up to #{completed})"
         name = "" if str(group.get("pg")) == "0" else f" on group {group.get('name') or group.get('pg')}"
-        parts.append(f"{what}{name} {state}")
-    return "; ".join(parts[:3]), seq
+        parts.append((bool(last.get("completed")), f"{what}{name} {state}"))
+    shown = [text for _, text in sorted(parts, key=lambda part: part[0])]  # stable: the not completed first
+    more = len(shown) - 3
+    more = f"; {more} more process group{'s' if more > 1 else ''}" if more > 0 else ""
+    return "; ".join(shown[:3]) + more, seq
 
 
 def pending(summary: dict | None) -> bool:
