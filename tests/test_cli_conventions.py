@@ -26,6 +26,8 @@ def test_run_help_shows_integers_and_the_allowed_values():
         assert re.search(rf"{option}\s+(INTEGER|<int>)", text), option
     for option in ("--stall-timeout", "--first-step-timeout", "--save-timeout"):
         assert re.search(rf"{option}\s+FLOAT", text), option
+    flat = " ".join(re.sub(r"[│|]", " ", text).split())  # the help's table, wrapped lines joined
+    assert "default 10x --stall-timeout, at least 300" in flat  # as Limits.from_options computes it
     for option, values in (("--strategy", "auto|single|ddp|fsdp"), ("--accelerator", "auto|xpu|cuda|cpu"),
                            ("--launcher", "auto|mpiexec|srun|torchrun|local"), ("--mpi", "auto|pals|hydra|openmpi")):
         assert re.search(rf"{option}\s+[<\[]{re.escape(values)}[>\]]", text), option

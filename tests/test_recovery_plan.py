@@ -120,6 +120,15 @@ def test_watchdog_settings_from_flags_spec_and_site(script, tmp_path):
     assert prepare(script, tmp_path)[0].limits is None
     with pytest.raises(UsageError, match="need --stall-timeout"):
         prepare(script, tmp_path, first_step_timeout="100")
+    # An allowance shorter than the stall timeout was raised to it without a word (600/600/600).
+    with pytest.raises(UsageError) as refused:
+        prepare(script, tmp_path, stall_timeout="600", first_step_timeout="60", save_timeout="30")
+    assert refused.value.exit_code == 2
+    assert str(refused.value).startswith("--first-step-timeout 60 s and --save-timeout 30 s are shorter than "
+                                         "--stall-timeout 600 s.")
+    with pytest.raises(UsageError, match="^--save-timeout 30 s is shorter than --stall-timeout 60 s"):
+        prepare(script, tmp_path, stall_timeout="60", save_timeout="30")
+    assert prepare(script, tmp_path, stall_timeout="60", first_step_timeout="60")[0].limits.first_step == 60
     with pytest.raises(UsageError, match="--stall-timeout: 'soon' is not a positive number of seconds"):
         prepare(script, tmp_path, stall_timeout="soon")
     # 1e308 passed planning and then made the run record's JSON fail (10 x 1e308 is inf), with a traceback

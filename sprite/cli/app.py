@@ -74,8 +74,8 @@ def run(
     stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", metavar=SECONDS, help="stop the run "
                                                 "(exit 124) when no rank advances for SECONDS"),
     first_step_timeout: Optional[str] = typer.Option(None, "--first-step-timeout", metavar=SECONDS, help="allowance "
-                                                     "from launch to the end of the first step; default 10x "
-                                                     "--stall-timeout"),
+                                                     "from launch to the end of the first step, and for leaving once "
+                                                     "every rank is done; default 10x --stall-timeout, at least 300"),
     save_timeout: Optional[str] = typer.Option(None, "--save-timeout", metavar=SECONDS, help="allowance for a "
                                                "checkpoint save; default 2x --stall-timeout"),
     retries: Optional[str] = typer.Option(None, "--retries", metavar=WHOLE,
