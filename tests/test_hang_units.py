@@ -289,6 +289,22 @@ def test_the_dump_times_are_read_strictly():
     assert stacks.from_env({**env, contract.ATTEMPT: "²"}) is None
 
 
+def test_the_ranks_can_read_the_dump_times_of_the_longest_stall_timeout_the_plan_accepts(tmp_path):
+    """--stall-timeout 3e8 was accepted, its derived first-step allowance of 3e9 s was not a dump time the ranks
+    read, and every rank silently armed no dump."""
+    from sprite.values.grammar import MAX_SECONDS
+
+    script = tmp_path / "t.py"
+    script.write_text("")
+    for number, given in enumerate(("3e8", f"{MAX_SECONDS:.0f}", "12345678.9")):
+        run, plan = entry.prepare({"script": str(script), "stall_timeout": given}, None, str(tmp_path / f"r{number}"),
+                                  {})
+        assert max(run.limits.stall, run.limits.first_step, run.limits.save) <= MAX_SECONDS
+        after = stacks.After.parse(plan.env[contract.STACKS_AFTER])
+        assert after == hang.after(run.limits), given
+        assert after.stall < run.limits.stall and after.first_step < run.limits.first_step  # each before its limit
+
+
 def test_collect_waits_3_s_unless_told_otherwise(tmp_path):
     """docs/hangs.md: the watchdog waits at most 3 s for ranks that have not dumped yet."""
     (tmp_path / "rank1.txt").write_text(HEADER + "\n")  # armed, never dumped

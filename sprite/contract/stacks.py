@@ -49,7 +49,8 @@ class After:
     save: float
 
     def value(self) -> str:
-        return f"{self.stall:g},{self.first_step:g},{self.save:g}"
+        # 15 digits: ":g" keeps 6, and rounds a dump time of 315359940 s up to the limit itself (3.1536e+08)
+        return f"{self.stall:.15g},{self.first_step:.15g},{self.save:.15g}"
 
     @classmethod
     def parse(cls, text: str) -> After | None:
@@ -58,6 +59,7 @@ class After:
             numbers = [float(part) for part in text.split(",")]
         except ValueError:
             return None
+        # 1e9 is above every time the plan gives: the watchdog's limits are at most ten years (3.15e8 s, Limits)
         if len(numbers) != 3 or not all(0 < n < 1e9 for n in numbers):  # NaN fails both comparisons
             return None
         return cls(*numbers)

@@ -15,6 +15,7 @@ import hostlist
 
 from sprite.contract import heartbeat
 from sprite.contract.heartbeat import Beat
+from sprite.values.grammar import MAX_SECONDS
 
 _PHASE_TEXT = {heartbeat.START: "in start-up", heartbeat.TRAINING: "in training step",
                heartbeat.VALIDATION: "in validation", heartbeat.SAVE: "in checkpoint save",
@@ -39,9 +40,11 @@ class Limits:
 
     @classmethod
     def from_options(cls, stall: float, first_step: float | None = None, save: float | None = None) -> "Limits":
-        """Defaults: start-up gets 10x the stall timeout (at least 300 s), a save 2x; neither less than ``stall``."""
-        return cls(stall, max(stall, first_step if first_step else max(10 * stall, 300.0)),
-                   max(stall, save if save else 2 * stall))
+        """Defaults: start-up gets 10x the stall timeout (at least 300 s), a save 2x; neither less than ``stall``,
+        nor more than the ten years (MAX_SECONDS) any option may give, so the ranks can read the dump times made
+        of them (contract/stacks.py After.parse): 10x a stall timeout of 3e8 s is past what they accept."""
+        return cls(stall, min(max(stall, first_step if first_step else max(10 * stall, 300.0)), MAX_SECONDS),
+                   min(max(stall, save if save else 2 * stall), MAX_SECONDS))
 
 
 # What each allowance's stop line says: the usual cause, what the limit covers, and the option that sets it.
