@@ -129,3 +129,39 @@ def test_a_step_written_late_by_the_background_thread_never_lands_over_a_phase_c
     time.sleep(1.0)
     last = heartbeat.read_all(tmp_path)[0]
     assert (last.phase, last.step) == (heartbeat.FAILED, 2)
+
+
+@pytest.mark.parametrize("given", ["inf", "nan", "abc", "0", "-1", "1e300"])
+def test_a_heartbeat_interval_that_is_no_positive_number_is_refused_where_the_rank_starts(tmp_path, given):
+    """inf (and a huge number) overflowed time.sleep in the heartbeat and stack threads with a traceback each; nan
+    and 0 silently wrote every 0.05 s, a word every 5 s. The rank now refuses with one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    from sprite.errors import UsageError
+
+    env = {"SPRITE_RUN_DIR": str(tmp_path), "SPRITE_ATTEMPT": "1", "SPRITE_HEARTBEAT_SECONDS": given}
+    with pytest.raises(UsageError) as refused:
+        progress.start(env, 0)
+    assert refused.value.exit_code == 2 and "SPRITE_HEARTBEAT_SECONDS" in str(refused.value)
+    if given != "inf":
+        return
+    script = tmp_path / "plain.py"
+    script.write_text("print('ran')\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPRITE_") and k not in
+             ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")}
+    done = subprocess.run([sys.executable, "-m", "sprite.runtime", str(script)], capture_output=True, text=True,
+                          env={**clean, **env, "SPRITE_ACCELERATOR": "cpu"}, timeout=120)
+    assert done.returncode == 2 and "ran" not in done.stdout, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "sprite: error: SPRITE_HEARTBEAT_SECONDS='inf' is not a number of seconds above 0 and at most 3600. sprite "
+        "run never exports it so (it sets 0.5 to 30): it was set by hand or changed after the launch. Unset "
+        "SPRITE_HEARTBEAT_SECONDS or relaunch with sprite run."]
+
+
+def test_a_heartbeat_interval_within_bounds_is_kept_and_unset_is_five_seconds():
+    assert progress.heartbeat_interval({}) == 5.0
+    assert progress.heartbeat_interval({"SPRITE_HEARTBEAT_SECONDS": " "}) == 5.0
+    assert progress.heartbeat_interval({"SPRITE_HEARTBEAT_SECONDS": "0.6"}) == 0.6
+    assert progress.heartbeat_interval({"SPRITE_HEARTBEAT_SECONDS": "0.001"}) == 0.05  # the floor stays

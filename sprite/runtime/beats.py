@@ -22,9 +22,11 @@ from typing import Optional
 from sprite import contract
 from sprite.contract import heartbeat
 from sprite.contract.heartbeat import Beat
+from sprite.errors import UsageError, show
 from sprite.runtime.hang import dump as hang_dump
 
 _current: Optional["Heart"] = None
+MAX_INTERVAL = 3600.0  # seconds between heartbeat writes at most; sprite run sets 0.5 to 30 (heartbeat_seconds)
 
 
 class Heart:
@@ -84,16 +86,33 @@ class Heart:
                 self._flush()
 
 
+def heartbeat_interval(env) -> float:
+    """Seconds between heartbeat writes within a phase from ``SPRITE_HEARTBEAT_SECONDS`` (5 when unset, at least
+    0.05). Raises UsageError for anything but a number above 0 and at most MAX_INTERVAL: inf or a huge number
+    overflowed time.sleep in the rank's threads, nan and 0 became 0.05 s and a word 5 s, without a word."""
+    raw = env.get(contract.HEARTBEAT_SECONDS, "").strip()
+    if not raw:
+        return 5.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= MAX_INTERVAL:  # NaN fails both comparisons
+        raise UsageError(f"{contract.HEARTBEAT_SECONDS}={show(raw)} is not a number of seconds above 0 and at most "
+                         f"{MAX_INTERVAL:g}.", "sprite run never exports it so (it sets 0.5 to 30): it was set by "
+                         "hand or changed after the launch.", f"Unset {contract.HEARTBEAT_SECONDS} or relaunch "
+                         "with sprite run.")
+    return max(0.05, seconds)
+
+
 def start(env, rank: int) -> Optional[Heart]:
-    """Start this rank's heartbeat when the launch asked for one (``SPRITE_RUN_DIR`` set); else None."""
+    """Start this rank's heartbeat when the launch asked for one (``SPRITE_RUN_DIR`` set); else None. Raises
+    UsageError for a malformed ``SPRITE_HEARTBEAT_SECONDS``."""
     global _current
     where = heartbeat.folder_from_env(env)
     if where is None:
         return None
-    try:
-        interval = max(0.05, float(env.get(contract.HEARTBEAT_SECONDS, "") or 5.0))
-    except ValueError:
-        interval = 5.0
+    interval = heartbeat_interval(env)
     _current = Heart(where, rank, interval)
     hang_dump.start(_current, env, rank, interval)  # this rank's stacks when it stops advancing (issue 27)
     return _current
