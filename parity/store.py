@@ -51,9 +51,9 @@ def read_settings(out: pathlib.Path, what: str, command: str) -> dict:
         raise UsageError(f"{out} holds no {SETTINGS}.", f"It is not the --out directory of a `{command}` run.", fix)
     verdict = integrity.verify(path)
     if verdict.manifest is None and not os.path.lexists(integrity.manifest_path(path)):
-        raise UsageError(f"{path} has no manifest: {out} is not the --out of a `{command}` run.",
-                         "It may be another check's folder, one written before sprite sealed this file, or its "
-                         "manifest was removed.", fix + " An older run's verdict is in its report files.")
+        raise UsageError(f"{path} has no manifest, so {out} cannot be compared as a `{command}` run.",
+                         "It is another check's folder, a run written before sprite sealed its settings (2026-12-05), "
+                         "or its manifest was removed.", fix + " An older run's verdict is in its report files.")
     if not verdict.valid:
         raise ResultError(f"{path} is not valid: {verdict.reason.rstrip('.')}.", "It was changed after the run.",
                           "Run the check again into a fresh --out.")

@@ -42,6 +42,9 @@ def check_common(command: str, precision: str, accelerator: str, model: str, pre
     return check_model(model)
 
 
+CONFIG_BYTES = 10_000_000  # a Hugging Face config.json is a few KB; more is not one
+
+
 def check_model(model: str) -> str:
     """``model`` as the ranks get it: a preset name, or the absolute path of a local checkpoint folder whose
     config.json is a JSON object naming its ``model_type`` (what transformers' AutoModel builds from). Raises
@@ -59,9 +62,13 @@ def check_model(model: str) -> str:
                          "Hub ids are not fetched (the hub is never contacted).",
                          f"Pass {', '.join(PRESETS)} or a local folder holding config.json.")
     try:
-        found = json.loads(config.read_bytes()[:10_000_000])
+        with open(config, "rb") as src:
+            text = src.read(CONFIG_BYTES + 1)
+        if len(text) > CONFIG_BYTES:
+            raise ValueError(f"more than {CONFIG_BYTES:,} bytes")
+        found = json.loads(text)
         kind = found.get("model_type") if isinstance(found, dict) else None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise UsageError(f"{str(config)[:200]} cannot be read as JSON ({type(err).__name__}).",
                          "The folder was not written by save_pretrained, or the file is damaged.",
                          "Pass a folder saved with save_pretrained, or a preset.") from None

@@ -208,7 +208,7 @@ def test_compare_refuses_another_checks_folder_and_reads_an_edited_launch_record
     from sprite.parity.ckpt import compare as ckpt_compare
 
     (tmp_path / "run.json").write_text('{"precision": "32-true"}')
-    with pytest.raises(UsageError, match="has no manifest: .* is not the --out of a `sprite ckpt-check` run"):
+    with pytest.raises(UsageError, match="has no manifest, so .* cannot be compared as a `sprite ckpt-check` run"):
         ckpt_compare.load_settings(tmp_path)
     (tmp_path / "launches").mkdir()
     for body in ("[1]", '{"timed_out": true}', "garbage"):

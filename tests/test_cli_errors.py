@@ -240,7 +240,10 @@ def test_sprite_env_names_a_bad_sprite_site_variable(sprite_cmd, clean_env):
 def test_sprite_env_refuses_an_empty_site_rather_than_reporting_local(sprite_cmd, clean_env):
     """--site "$SITE" with SITE unset: sprite run refuses it, and sprite env reported the local site."""
     result = run_sprite(sprite_cmd, ["env", "--site", ""], clean_env)
-    assert_one_line_usage_error(result, "Option --site: an empty name.")
+    assert_one_line_usage_error(result, "Option --site: '' is not a non-empty string.")
+    slurm = {**clean_env, "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "nid[001-002]"}
+    result = run_sprite(sprite_cmd, ["env", "--site", "aurora"], slurm)  # refused as sprite run refuses it
+    assert_one_line_usage_error(result, "The site profile aurora is for PBS jobs, and this is a SLURM allocation")
 
 
 def test_an_empty_run_dir_is_refused_not_taken_for_the_default(sprite_cmd, clean_env, example_script):

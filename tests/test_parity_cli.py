@@ -152,7 +152,8 @@ def test_a_model_folder_the_arms_cannot_build_and_a_torch_build_without_the_devi
     model.mkdir()
     out = str(tmp_path / "out")
     for body, said in (("{}", "config.json names no model_type."), ("[1", "cannot be read as JSON"),
-                       ("[1]", "config.json names no model_type.")):
+                       ("[1]", "config.json names no model_type."), ("[" * 200_000, "(RecursionError)"),
+                       (" " * 10_000_001, "(ValueError)")):
         (model / "config.json").write_text(body)
         code, _, err = sprite(capsys, name, "--out", out, "--model", str(model))
         assert code == 2 and said in err and err.count("\n") == 1, err

@@ -134,7 +134,7 @@ def test_a_checks_sealed_settings_are_read_only_by_that_check_and_an_edit_fails_
         compare.compare(parity, into=False)
     assert err.value.exit_code == 1
     os.unlink(integrity.manifest_path(path))  # the manifest removed too: not a parity run (exit 2)
-    with pytest.raises(UsageError, match="has no manifest: .* is not the --out of a `sprite parity` run") as err:
+    with pytest.raises(UsageError, match="has no manifest, so .* cannot be compared as a `sprite parity` run") as err:
         compare.load_settings(parity)
     assert err.value.exit_code == 2
     with pytest.raises(UsageError, match="holds no run.json"):

@@ -123,6 +123,10 @@ def test_a_secret_written_in_the_wrong_shape_is_refused_without_its_value(clean_
     site profile's job env: as text: each is one line, exit 2, and the value is never printed (it was: a job's log
     would hold it)."""
     shapes = {"env": [f"HF_TOKEN={VALUE}"], "secrets": {"HF_TOKEN": VALUE}, "pass_env": [{"HF_TOKEN": VALUE}]}
+    inline = write_spec(tmp_path, "inline", env={f"HF_TOKEN={VALUE}": None})  # env: {HF_TOKEN=value}, YAML's key
+    assert sprite_main("run", "--dry-run", "--spec", inline) == 2
+    err = capsys.readouterr().err
+    assert "'HF_TOKEN'=*** is not a valid environment variable name" in err and VALUE not in err, err
     for key, value in {**shapes, "text": None}.items():
         spec = write_spec(tmp_path, key, **({key: value} if value is not None else {"env": f"HF_TOKEN={VALUE}"}))
         for args in (["run", "--dry-run", "--spec", spec], ["sbatch", "--dry-run", spec]):
@@ -151,10 +155,16 @@ def test_a_secret_written_in_setup_or_extra_is_refused_even_with_allow_literal_s
             err = capsys.readouterr().err
             said = "MY_API_KEY=***" if where == "quoted" else f"scheduler.{where} gives the secret"
             assert err.count("\n") == 1 and said in err and VALUE not in err, err
-    pbs = write_spec(tmp_path, "pbs", scheduler={"walltime": "00:05:00", "extra": [f"-v A=1,WANDB_API_KEY={VALUE}"]})
-    assert sprite_main("qsub", "--dry-run", pbs) == 2
-    err = capsys.readouterr().err
-    assert "gives the secret WANDB_API_KEY" in err and VALUE not in err, err
+    for directive, name in ((f"-v A=1,WANDB_API_KEY={VALUE}", "WANDB_API_KEY"), (f"-vWANDB={VALUE}", "WANDB")):
+        pbs = write_spec(tmp_path, "pbs", secrets=["WANDB"], scheduler={"walltime": "00:05:00", "extra": [directive]})
+        assert sprite_main("qsub", "--dry-run", pbs) == 2  # -vNAME=VALUE: qsub's attached form
+        err = capsys.readouterr().err
+        assert f"gives the secret {name} a literal" in err and VALUE not in err, err
+    for where, lines in (("setup", [{"export HF_TOKEN": VALUE}]), ("extra", [f"-l walltime=01:00:00 -v HF_TOKEN={VALUE}"])):
+        refused = write_spec(tmp_path, "shape", scheduler={"walltime": "00:05:00", where: lines})
+        assert sprite_main("qsub", "--dry-run", refused) == 2  # refused for another reason, the value not quoted
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and VALUE not in err, err
     fine = write_spec(tmp_path, "fine", scheduler={"walltime": "00:05:00", "setup": [
         "export OMP_PLACES=cores", "module load frameworks"], "extra": ["--export=ALL,HF_TOKEN"]})
     assert sprite_main("sbatch", "--dry-run", fine) == 0, capsys.readouterr().err
@@ -288,8 +298,14 @@ def test_owner_only_outputs_whatever_the_umask(tmp_path):
         owner_only.open_log(tmp_path / "link.log")
     os.mkfifo(tmp_path / "fifo.log")  # refused at once: opening it for writing used to wait for a reader
     started = time.monotonic()
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="not a regular file"):
         owner_only.open_log(tmp_path / "fifo.log")
+    reader = os.open(tmp_path / "fifo.log", os.O_RDONLY | os.O_NONBLOCK)  # one that a process reads: refused too
+    try:
+        with pytest.raises(OSError, match="not a regular file"):
+            owner_only.open_log(tmp_path / "fifo.log")
+    finally:
+        os.close(reader)
     assert time.monotonic() - started < 5
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Mapping
 
 from sprite import contract, schedulers
-from sprite.errors import UsageError
 from sprite.launch import devicecount
 from sprite.spec import secrets as secret_env
 from sprite.spec import sites
@@ -28,10 +27,13 @@ def detect(site_name: str | None = None, environ: Mapping[str, str] = os.environ
     masked) and the names of this environment's variables the site's patterns make secrets (values never shown).
     Raises UsageError for a bad site."""
     alloc = schedulers.discover(environ, hostname=socket.gethostname())
-    if site_name is not None and not site_name.strip():  # an unset variable in --site "$SITE": not local
-        raise UsageError("Option --site: an empty name.", "--site \"$SITE\" with SITE unset gives one.",
-                         "Pass a site name (sprite env --site aurora) or a profile's path, or leave --site out.")
-    site = sites.choose({"site": site_name} if site_name else {}, {}, None, environ)  # names the flag or variable
+    from sprite.launch.plan import check_site_scheduler
+    from sprite.spec import job as specmod
+
+    # checked as sprite run checks --site: an empty one (--site "$SITE", SITE unset) is refused, not taken for local
+    flags = specmod.from_flags({"site": site_name})
+    site = sites.choose(flags, {}, None, environ)  # names the flag or variable
+    check_site_scheduler(site, alloc)  # sprite run refuses it here: so does the summary of what it would do
     device, count = count_devices(environ, sysfs)
     accelerator = site.job.get("accelerator", "auto")
     site_env = site.job.get("env", {})

@@ -45,7 +45,12 @@ def open_log(path):
             write_new(path, b"")
         except IntegrityError:
             pass  # created by another process in between: append to it like to any existing log
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno != errno.ENXIO:  # ENXIO: a FIFO no process reads
+            raise
+        raise OSError(errno.EINVAL, "not a regular file", str(path)) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", str(path))

@@ -12,6 +12,7 @@ from typing import Callable
 
 from sprite.values import scheduler as sv
 from sprite.values import grammar as v
+from sprite.values.env import hide_values
 from sprite.errors import UsageError, one_line, show
 from sprite.spec.yamldoc import YamlDoc
 
@@ -72,11 +73,11 @@ def check(block: dict, site, scheduler, given: dict, complain_for: Callable) -> 
         owner = scheduler.owner_of(item)
         if owner:
             fix = f"scheduler.{owner}" if owner != "devices" else "devices:"
-            raise complain(f"{one_line(item, 80)!r} sets what sprite writes from {fix}, so the checks of that "
+            raise complain(f"{one_line(hide_values(item), 80)!r} sets what sprite writes from {fix}, so the checks of that "
                            "key (queue limits, the planned launch) would not see it.", f"{fix} instead")
         why = scheduler.requeue_options.get(item.split(" ")[0].split("=")[0]) if block.get("requeue") else None
         if why:
-            raise complain(f"{one_line(item, 80)!r} overrides what sprite writes for scheduler.requeue: true "
+            raise complain(f"{one_line(hide_values(item), 80)!r} overrides what sprite writes for scheduler.requeue: true "
                            f"({why}).", "extra without it, or requeue: false")
 
 

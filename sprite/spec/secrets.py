@@ -10,19 +10,13 @@ submits the job, never from a file or an argument list: a literal value in a spe
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Collection, Iterable, Mapping
 
 from sprite.errors import UsageError
-from sprite.values.env import ASSIGNED, SECRET_LOOKING
+from sprite.values.env import SECRET_LOOKING, assignments, matching_pattern
 
 DEFAULT_PATTERNS = SECRET_LOOKING
 MASK = "***"
-
-
-def matching_pattern(name: str, patterns: Collection[str]) -> str | None:
-    """The first of ``patterns`` that ``name`` matches, compared in upper case (``wandb_api_key`` is a key too)."""
-    return next((p for p in patterns if fnmatch.fnmatchcase(name.upper(), p.upper())), None)
 
 
 def is_secret(name: str, listed: Collection[str], patterns: Collection[str]) -> bool:
@@ -70,7 +64,7 @@ def check_written(lines: Iterable[str], job, site, where: str) -> None:
     """
     for line in lines:
         text = " ".join(line) if isinstance(line, (tuple, list)) else str(line)  # setup: each command's words
-        for name, value in ASSIGNED.findall(text):
+        for name, value in assignments(text):
             bare = value.strip("'\"")
             if bare and is_secret(name, job.secrets, site.secret_patterns):
                 raise UsageError(

@@ -19,18 +19,28 @@ from sprite.values.grammar import ENV_NAME, control_char, scalar_text
 OWNED_ENV = (contract.MASTER_ADDR, contract.MASTER_PORT, "PYTHONSAFEPATH", *contract.RANK_VARS, *contract.ALL)
 MASKED = "***"  # as sprite.spec.secrets.MASK: how every printer shows a value that may be a secret's
 SECRET_LOOKING = ("*_TOKEN", "*_KEY", "*SECRET*", "*PASSWORD*", "*_PAT")  # sprite.spec.secrets.DEFAULT_PATTERNS
-# NAME=VALUE inside a shell line or a directive (export A=1, -v A=1,B=2, --export=ALL,A=1); VALUE up to a space,
-# comma or semicolon, or a quoted string
-ASSIGNED = re.compile(r"(?<![A-Za-z0-9_$])([A-Za-z_][A-Za-z0-9_]*)=('[^']*'|\"[^\"]*\"|[^\s,;]*)")
+# NAME=VALUE inside a shell line or a directive (export A=1, -v A=1,B=2, -vA=1, --export=ALL,A=1); VALUE up to a
+# space, comma or semicolon, or a quoted string
+_ASSIGNED = re.compile(r"(?<![A-Za-z0-9_$])([A-Za-z_][A-Za-z0-9_]*)=('[^']*'|\"[^\"]*\"|[^\s,;]*)")
+_ATTACHED_V = re.compile(r"(^|\s)-v(?=[A-Za-z_])")  # qsub's -vNAME=VALUE: read as -v NAME=VALUE
 
 
-def hide_values(value: Any, patterns=SECRET_LOOKING) -> Any:
-    """``value`` (text, or the repr of anything else) with the value of every ``NAME=VALUE`` whose NAME matches
-    ``patterns`` (any case) shown as ``***``: for quoting a line of a spec in a message, where no site's own
-    patterns are known yet."""
-    text = value if isinstance(value, str) else repr(value)
-    return ASSIGNED.sub(lambda m: f"{m[1]}={MASKED}" if any(
-        fnmatch.fnmatchcase(m[1].upper(), p.upper()) for p in patterns) else m[0], text)
+def assignments(text: str) -> list[tuple[str, str]]:
+    """``(NAME, VALUE)`` of every assignment in a shell line or a directive (``-vNAME=VALUE``, qsub's attached
+    form, included)."""
+    return _ASSIGNED.findall(_ATTACHED_V.sub(r"\1-v ", text))
+
+
+def matching_pattern(name: str, patterns) -> str | None:
+    """The first of ``patterns`` that ``name`` matches, compared in upper case (``wandb_api_key`` is a key too)."""
+    return next((p for p in patterns if fnmatch.fnmatchcase(name.upper(), p.upper())), None)
+
+
+def hide_values(text: str, patterns=SECRET_LOOKING) -> str:
+    """``text`` with the value of every ``NAME=VALUE`` whose NAME matches ``patterns`` shown as ``***``: for quoting
+    a line of a spec in a message, where no site's own patterns are known yet."""
+    return _ASSIGNED.sub(lambda m: f"{m[1]}={MASKED}" if matching_pattern(m[1], patterns) else m[0],
+                         _ATTACHED_V.sub(r"\1-v ", text))
 OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it",
               contract.RUN_DIR: "--run-dir DIR to choose the run folder"}
 
@@ -49,7 +59,9 @@ def env(value: Any, complain: Complain) -> dict:
     out = {}
     for name, val in value.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-            raise complain(f"{show(name)} is not a valid environment variable name.",
+            shown = (f"{show(name.partition('=')[0])}={MASKED}" if isinstance(name, str) and "=" in name
+                     else show(name))  # env: {HF_TOKEN=value}: a YAML key holding the value
+            raise complain(f"{shown} is not a valid environment variable name.",
                            "ASCII letters, digits and _, not starting with a digit")
         _not_owned(name, complain)
         text = str(val).lower() if isinstance(val, bool) else scalar_text(val)

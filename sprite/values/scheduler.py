@@ -17,7 +17,7 @@ import shlex
 from typing import Any
 
 from sprite.errors import Complain, UsageError, show
-from sprite.values.env import hide_values
+from sprite.values.env import hide_values, kind_of
 from sprite.values.grammar import scalar_text, control_char
 
 TOKEN = re.compile(r"[A-Za-z0-9_.,:=@%+/-]+")
@@ -38,8 +38,7 @@ SETUP_TRUST = ("setup lines are trusted shell: each runs in the job with your ri
 def _shown(value) -> str:
     """``value`` quoted for a message, with secret-looking assignments' values hidden (a setup line or a directive
     may carry one)."""
-    hidden = hide_values(value)
-    return show(value) if hidden == (value if isinstance(value, str) else repr(value)) else show(hidden)
+    return show(hide_values(value)) if isinstance(value, str) else kind_of(value)
 
 
 def token(value: Any, complain: Complain) -> str:
