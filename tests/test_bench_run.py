@@ -159,11 +159,11 @@ def test_fsdp_world_of_two_against_the_raw_loop(tmp_path, sprite_cmd):
 def test_a_failed_launch_is_reported_and_exits_1(tmp_path, sprite_cmd):
     broken = tmp_path / "checkpoint"
     broken.mkdir()
-    (broken / "config.json").write_text("{not json")
+    (broken / "config.json").write_text('{"model_type": "no-such-model"}')  # passes planning, fails in the rank
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     result, report = bench(sprite_cmd, env, tmp_path / "run", "--model", str(broken), "--full", *STEP)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "verdict: 0 of 1 launches measured; 1 FAILED" in result.stdout
     assert report["failures"] == [{"what": "world 1 sprite repeat 1 exited 1", "log": "logs/w1-sprite-r0.log"}]
     assert report["plot"] == {"skipped": "no arm produced a result"}
-    assert "config.json" in (tmp_path / "run" / "logs" / "w1-sprite-r0.log").read_text()
+    assert "no-such-model" in (tmp_path / "run" / "logs" / "w1-sprite-r0.log").read_text()

@@ -219,7 +219,13 @@ def test_a_check_refused_on_a_one_gpu_machine_does_not_suggest_one_rank(two_gpu_
 
     work = tmp_path / "work"
     work.mkdir()
-    env = {**two_gpu_path, "CUDA_VISIBLE_DEVICES": "1"}
+    # a FAKE CUDA build of torch for the planning process, which reads torch/version.py and never imports torch
+    # (without it the check refuses this machine's CPU build first: parity/usage.check_build)
+    fake = tmp_path / "fake_torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('a fake torch for planning only')\n")
+    (fake / "version.py").write_text("cuda = '13.0'\nhip = None\n")
+    env = {**two_gpu_path, "CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": str(fake.parent)}
     done = subprocess.run([*sprite_cmd, *check, "--accelerator", "cuda"], cwd=work, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
