@@ -478,6 +478,35 @@ def test_the_recorder_summary_never_raises_on_a_trace_or_backend_it_does_not_kno
     assert "could not be summarised" in found["none"] or "unknown shape" in found["none"], found
 
 
+def test_a_clean_up_that_fails_after_progress_leaves_the_dump_armed_and_is_tried_again(tmp_path, monkeypatch):
+    """Progress re-arms the dump before it cuts an old dump back: a truncate that fails (ESTALE on NFS) used to skip
+    the re-arm for good, since the next look saw no change, and a later stall read the old stacks."""
+    from sprite.runtime.hang import dump as rank_dump
+
+    heart = FakeHeart()
+    dumper = rank_dump.Dumper(heart, tmp_path, 1, stacks.After(60, 60, 60), interval=0.01)
+    armed, cuts = [], []
+    monkeypatch.setattr(rank_dump.faulthandler, "dump_traceback_later", lambda *a, **k: armed.append(a[0]))
+    real_truncate = rank_dump.os.ftruncate
+
+    def truncate(fd, size):
+        cuts.append(size)
+        if len(cuts) == 1:
+            raise OSError(116, "Stale file handle")
+        real_truncate(fd, size)
+
+    monkeypatch.setattr(rank_dump.os, "ftruncate", truncate)
+    try:
+        os.write(dumper.fd, b"Thread 0x1 (most recent call first):\n  an old dump\n")
+        with pytest.raises(OSError):
+            dumper.tick(0.0)
+        assert armed == [60]  # armed although the clean-up failed
+        dumper.tick(0.1)  # the same beat: the clean-up is tried again
+        assert len(cuts) == 2 and os.fstat(dumper.fd).st_size == dumper.header
+    finally:
+        os.close(dumper.fd)
+
+
 def test_the_stack_thread_outlives_a_failing_tick_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
     """A fault in one look at the heartbeat (a recorder summary that raised, a full disk) is said once; the thread
     goes on re-arming the dump, and a collectives file that could not be written leaves no .tmp behind."""

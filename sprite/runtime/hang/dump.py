@@ -59,15 +59,15 @@ class Dumper:
         """Re-arm the dump when the heartbeat moved; write the recorder's summary once it is due."""
         beat = self.heart.beat
         if (beat.count, beat.phase) != self._seen:
-            self._seen = (beat.count, beat.phase)
+            timeout = self.timeout(beat)  # armed first: a failing clean-up below must not leave the rank unarmed
+            faulthandler.dump_traceback_later(timeout, repeat=False, file=self.fd, exit=False)
+            self._recorder_due = now + max(timeout - self.interval, 0.0)
             if os.fstat(self.fd).st_size > self.header:  # dumped, then advanced: a slow step, no hang
                 os.ftruncate(self.fd, self.header)
             if self._collectives_written:  # written a little before the dump, which progress may have prevented
-                self._collectives_written = False
                 _remove(self.where / stacks.collectives_name(self.rank))
-            timeout = self.timeout(beat)
-            faulthandler.dump_traceback_later(timeout, repeat=False, file=self.fd, exit=False)
-            self._recorder_due = now + max(timeout - self.interval, 0.0)
+                self._collectives_written = False
+            self._seen = (beat.count, beat.phase)  # only once cleaned up: a failed clean-up is tried again
         elif self._recorder_due is not None and now >= self._recorder_due:
             self._recorder_due = None
             self.write_collectives()
