@@ -62,6 +62,17 @@ def test_sprites_own_lines_and_exit_codes():
     assert classify.classify(124, stall, suspects=()).hosts == ()
     cut = stall.replace("(suspect hosts: b)", "(suspect hosts: b,c and 40 more)")
     assert classify.classify(124, cut).hosts == ()  # a list cut short names no host
+    # the line as the watchdog writes it now (cause and fix before the summary): the attempt's reason keeps what
+    # stopped and where the ranks were, not a 300-character cut through the advice
+    where = "ranks 0-11 on a in training step at step 37; ranks 12-23 on b in training step at step 36"
+    line = ("sprite: error: Stopped the run: no rank advanced for 31 s (stall timeout 30 s). The ranks on some hosts "
+            "fell behind the others in a training step: a node fault is likely (suspect hosts: b). Look at what the "
+            "named ranks were doing; raise --stall-timeout if a step really takes this long. Where the ranks were: "
+            f"{where}.")
+    reason = classify.classify(124, line).reason
+    assert reason == f"Stopped the run: no rank advanced for 31 s (stall timeout 30 s); {where}.", reason
+    long = line.replace(where, "; ".join([where] * 10))
+    assert len(classify.classify(124, long).reason) == 300 and classify.classify(124, long).reason.endswith("…")
     assert classify.classify(137, "").cause == NODE_FAULT  # killed, and nothing else said
     assert classify.classify(3, "no clue").reason == "exit code 3 with no recognised cause in the log"
     said = "[rank 0] sprite: resume: from ckpts/step=4.ckpt (step 4, epoch 0)\n[rank 1] ValueError: boom"

@@ -89,6 +89,15 @@ def _first_exception(log: str) -> str | None:
     return None
 
 
+def _stall_reason(line: str) -> str:
+    """A stall line's first sentence (what stopped) and where the ranks were, within 300 characters: the line gives
+    its cause and fix between them, which an attempt's reason does not need."""
+    first = line.split(". ", 1)[0]
+    where = line.rpartition("Where the ranks were: ")[2] if "Where the ranks were: " in line else ""
+    reason = f"{first}; {where}" if where else first
+    return reason if len(reason) <= 300 else reason[:299] + "…"
+
+
 def _sprite_verdict(code: int, log: str, suspects: tuple[str, ...] | None) -> Verdict | None:
     forwarded = _FORWARDED.findall(log)
     if forwarded:
@@ -99,7 +108,7 @@ def _sprite_verdict(code: int, log: str, suspects: tuple[str, ...] | None) -> Ve
         if suspects is None:
             listed = _SUSPECTS.search(stalled.group(1))
             suspects = tuple(listed.group(1).split(",")) if listed else ()
-        return Verdict(STALL, stalled.group(1)[:300], tuple(suspects))
+        return Verdict(STALL, _stall_reason(stalled.group(1)), tuple(suspects))
     refused = _refusal(log)
     if code in (1, 2) and refused:
         return Verdict(USAGE if code == 2 else CHECK_FAILED, refused)
