@@ -182,6 +182,12 @@ def test_a_submission_takes_the_site_sprite_site_names(tmp_path, monkeypatch):
     monkeypatch.setenv("SPRITE_SITE", "perlmutter")
     with pytest.raises(UsageError, match="The site perlmutter schedules jobs with SLURM, not PBS"):
         submit.prepare(str(spec), "pbs", cwd=str(tmp_path))
+    # an allowance shorter than the site's stall timeout is refused before the job waits in the queue, as the
+    # job's sprite run would refuse it
+    monkeypatch.setenv("SPRITE_SITE", "aurora")
+    spec.write_text(spec.read_text() + "first_step_timeout: 60\n")
+    with pytest.raises(UsageError, match=r"q.yaml:\d+: key 'first_step_timeout' = 60.0 is shorter than the stall"):
+        submit.prepare(str(spec), "pbs", cwd=str(tmp_path))
 
 
 def test_a_site_of_another_batch_system_than_the_allocation_is_refused(tmp_path):

@@ -118,16 +118,20 @@ def test_watchdog_settings_from_flags_spec_and_site(script, tmp_path):
     run, _ = prepare(script, tmp_path, stall_timeout="30", save_timeout="90")
     assert (run.limits.stall, run.limits.first_step, run.limits.save) == (30, 300, 90)
     assert prepare(script, tmp_path)[0].limits is None
-    with pytest.raises(UsageError, match="need --stall-timeout"):
+    with pytest.raises(UsageError, match="^--first-step-timeout 100.0 needs a stall timeout"):
         prepare(script, tmp_path, first_step_timeout="100")
     # An allowance shorter than the stall timeout was raised to it without a word (600/600/600).
     with pytest.raises(UsageError) as refused:
         prepare(script, tmp_path, stall_timeout="600", first_step_timeout="60", save_timeout="30")
     assert refused.value.exit_code == 2
-    assert str(refused.value).startswith("--first-step-timeout 60 s and --save-timeout 30 s are shorter than "
-                                         "--stall-timeout 600 s.")
-    with pytest.raises(UsageError, match="^--save-timeout 30 s is shorter than --stall-timeout 60 s"):
+    assert str(refused.value).startswith("--first-step-timeout 60.0 and --save-timeout 30.0 are shorter than the "
+                                         "stall timeout (--stall-timeout 600.0).")
+    with pytest.raises(UsageError, match=r"^--save-timeout 30.0 is shorter than the stall timeout \(--stall-timeout 60"):
         prepare(script, tmp_path, stall_timeout="60", save_timeout="30")
+    # the stall timeout of a site profile: the refusal names the profile's line, not a flag never typed
+    with pytest.raises(UsageError, match=r"^--first-step-timeout 600.0 is shorter than the stall timeout \(.*aurora"
+                                         r".yaml:\d+: key 'job.stall_timeout' = 1800"):
+        prepare(script, tmp_path, site="aurora", first_step_timeout="600")
     assert prepare(script, tmp_path, stall_timeout="60", first_step_timeout="60")[0].limits.first_step == 60
     with pytest.raises(UsageError, match="--stall-timeout: 'soon' is not a positive number of seconds"):
         prepare(script, tmp_path, stall_timeout="soon")

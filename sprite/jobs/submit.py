@@ -130,6 +130,7 @@ def prepare(spec_name: str, kind: str, cwd: str | None = None, allow_literal_sec
     for where in ("setup", "extra"):
         secret_env.check_written(getattr(block, where), job, site, where)
     jobfiles.check_output_folder(block.output_dir)  # as submit() will: the dry run refuses what the submit would
+    spec.check_allowances(job)  # as the job's sprite run will, after waiting in the queue
     if job.log_dir:  # as the job's sprite run will, after waiting in the queue
         from sprite.launch import ranklog
 

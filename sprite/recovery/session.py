@@ -74,22 +74,9 @@ class Run:
 def limits_of(job) -> Limits | None:
     """The watchdog's limits from the job, None without a stall timeout. Raises UsageError for an allowance
     given without a stall timeout, or shorter than it."""
+    specmod.check_allowances(job)
     if job.stall_timeout is None:
-        if job.first_step_timeout or job.save_timeout:
-            raise UsageError("--first-step-timeout and --save-timeout need --stall-timeout.",
-                             "They lengthen the stall timeout for start-up and checkpoint saves.",
-                             "Add --stall-timeout SECONDS (or stall_timeout: in the spec or site profile).")
         return None
-    short = [f"--{name} {value:g} s" for name, value in (("first-step-timeout", job.first_step_timeout),
-                                                          ("save-timeout", job.save_timeout))
-             if value and value < job.stall_timeout]
-    if short:
-        raise UsageError(f"{' and '.join(short)} {'is' if len(short) == 1 else 'are'} shorter than --stall-timeout "
-                         f"{job.stall_timeout:g} s.", "An allowance lengthens the stall timeout for start-up or a "
-                         "checkpoint save; a shorter one would be the stall timeout anyway.",
-                         f"Give at least {job.stall_timeout:g} s, or leave the option out (start-up: 10x the stall "
-                         "timeout, at least 300 s; a save: 2x); the stall timeout may come from the spec or site "
-                         "profile's stall_timeout.")
     return Limits.from_options(job.stall_timeout, job.first_step_timeout, job.save_timeout)
 
 

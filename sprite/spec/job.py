@@ -83,6 +83,29 @@ class JobSpec:
 FIELD_NAMES = tuple(f.name for f in fields(JobSpec) if f.name != "origins")
 
 
+def check_allowances(job: JobSpec) -> None:
+    """Refuse a first-step or save allowance without a stall timeout, or shorter than it (an allowance lengthens
+    the stall timeout; a shorter one was raised to it without a word), naming where each value was written
+    (a flag, the spec, the site profile). sprite run checks it before the run, sprite qsub/sbatch before the job
+    waits in the queue. Raises UsageError."""
+    if job.stall_timeout is None:
+        if job.first_step_timeout or job.save_timeout:
+            given = " and ".join(job.blame(name) for name in ("first_step_timeout", "save_timeout")
+                                 if getattr(job, name))
+            raise UsageError(f"{given} needs a stall timeout.",
+                             "The allowances lengthen the stall timeout for start-up and checkpoint saves.",
+                             "Add --stall-timeout SECONDS (or stall_timeout: in the spec or site profile).")
+        return
+    short = [job.blame(name) for name in ("first_step_timeout", "save_timeout")
+             if getattr(job, name) and getattr(job, name) < job.stall_timeout]
+    if short:
+        raise UsageError(f"{' and '.join(short)} {'is' if len(short) == 1 else 'are'} shorter than the stall timeout "
+                         f"({job.blame('stall_timeout')}).", "An allowance lengthens the stall timeout for start-up "
+                         "or a checkpoint save; a shorter one would be the stall timeout anyway.",
+                         f"Give at least {job.stall_timeout:g} s, or leave the option out (start-up: 10x the stall "
+                         "timeout, at least 300 s; a save: 2x).")
+
+
 def _ranks(value: Any, complain: Complain) -> str:
     """``console.check_ranks``, after refusing a rank of more than 9 digits (int() refuses 4,300 and more)."""
     text = v.scalar_text(value) if not isinstance(value, bool) else None
