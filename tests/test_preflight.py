@@ -145,8 +145,12 @@ def test_a_failed_collective_with_every_rank_reporting_fails_those_ranks_nodes()
     assert list(_failed(_judge({r: _good(r) for r in range(3)}, final))) == ["n1"]
 
 
-def _rendezvous_failed(rank: int, error: str, timed_out: bool = False) -> dict:
-    return {"rank": rank, "rendezvous": {"ok": False, "error": error, "timed_out": timed_out}}
+def _rendezvous_failed(rank: int, error: str, timed_out: bool = False, peer_lost: bool = False) -> dict:
+    return {"rank": rank, "rendezvous": {"ok": False, "error": error, "timed_out": timed_out, "peer_lost": peer_lost}}
+
+
+PEER_DIED = ("DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+             "shutdown or crash?")  # torch 2.13 gloo, rank 0 killed in init_process_group, seen by rank 1
 
 
 PORT_TAKEN = "DistNetworkError: The server socket has failed to listen on any local network address. EADDRINUSE"
@@ -173,6 +177,20 @@ def test_a_rank_whose_own_rendezvous_fails_is_blamed_and_the_ranks_waiting_in_it
     assert nodes[1]["notes"] == ["rank 1: stopped in the rendezvous that rank 0 failed"]
     assert criterion.launch_problem({r: _good(r) for r in range(3)}, {0: _rendezvous_failed(0, PORT_TAKEN)}, 3) \
         is None
+
+
+def test_a_rank_that_dies_in_the_rendezvous_is_named_not_the_peers_that_lost_it():
+    """Rank 0 (the store's host) dies in init_process_group; ranks 1 and 2 fail at once with a closed connection.
+    That failure was taken for their own: their nodes were named and the dead rank's node passed as ok."""
+    from sprite.parity.preflight.worker import rendezvous_peer_lost
+
+    assert rendezvous_peer_lost(PEER_DIED) and not rendezvous_peer_lost(PORT_TAKEN)
+    final = {r: _rendezvous_failed(r, PEER_DIED, peer_lost=True) for r in (1, 2)}
+    computed = {r: _good(r) for r in range(3)}
+    nodes = _judge(computed, final)
+    assert _failed(nodes) == {"n0": {"collective": [f"rank 0: {criterion.DIED}"]}}
+    assert nodes[1]["ok"] and nodes[1]["notes"] == [f"rank 1: the rendezvous failed: {PEER_DIED}"]
+    assert criterion.launch_problem(computed, final, 3) is None
 
 
 def test_a_rank_failing_its_own_rendezvous_excuses_the_failed_collectives_of_the_ranks_that_joined():

@@ -151,22 +151,35 @@ def joined(record: dict) -> bool:
 
 def own_rendezvous_failure(record: dict) -> bool:
     """Whether a final record says its rank's rendezvous failed by itself: not by waiting out its timeout (the
-    worker records ``timed_out``), which only says some peer never came."""
+    worker records ``timed_out``), which only says some peer never came, nor by losing a peer that died under it
+    (``peer_lost``: its connection closed)."""
     rendezvous = record.get("rendezvous")
-    return rendezvous is not None and not rendezvous.get("ok") and not rendezvous.get("timed_out")
+    return (rendezvous is not None and not rendezvous.get("ok") and not rendezvous.get("timed_out")
+            and not rendezvous.get("peer_lost"))
+
+
+def lost_a_peer(record: dict) -> bool:
+    """Whether a final record says its rendezvous failed because a peer's connection closed (the peer died)."""
+    rendezvous = record.get("rendezvous")
+    return rendezvous is not None and not rendezvous.get("ok") and bool(rendezvous.get("peer_lost"))
+
+
+DIED = "stopped without a record in the rendezvous, where its peers lost their connection to it (it died)"
 
 
 def collective_problems(computed: dict[int, dict], final: dict[int, dict], world: int
                         ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     """(problems, notes) of the collectives. A rank whose own rendezvous failed fails, and the ranks silent then (a
     compute record, no final one) waited in that rendezvous: a note each. Else a silent rank fails as hung when
-    some rank got past the rendezvous, and is a note when none did (``launch_problem``). A rendezvous that timed
+    some rank got past the rendezvous, as dead when the others lost their connection to a peer in it, and is a note
+    when none did (``launch_problem``). A rendezvous that lost a peer is a note. A rendezvous that timed
     out fails its rank when some other rank got past it, else is a note. A failed all-reduce fails its rank only
     when every rank of the world finished and joined (else the absent one is to blame and the failure is a note)."""
     problems: dict[int, list[str]] = defaultdict(list)
     notes: dict[int, list[str]] = defaultdict(list)
     failed_own = sorted(rank for rank, record in final.items() if own_rendezvous_failure(record))
     anyone_joined = any(joined(record) for record in final.values())
+    peer_lost = any(lost_a_peer(record) for record in final.values())
     absent = any(rank not in final or not joined(final[rank]) for rank in range(world))
     for rank in range(world):
         if rank in computed and rank not in final:
@@ -174,6 +187,8 @@ def collective_problems(computed: dict[int, dict], final: dict[int, dict], world
                 notes[rank].append(f"stopped in the rendezvous that rank {_ranks(failed_own)} failed")
             elif anyone_joined:
                 problems[rank].append(HUNG)
+            elif peer_lost:  # the others lost their connection to a peer that died: the silent one is that peer
+                problems[rank].append(DIED)
             else:
                 notes[rank].append(UNJOINED)
     for rank, record in final.items():
@@ -181,7 +196,8 @@ def collective_problems(computed: dict[int, dict], final: dict[int, dict], world
             result = record.get(step)
             if result is None or result.get("ok"):
                 continue
-            blamed = (anyone_joined or not result.get("timed_out")) if step == "rendezvous" else not absent
+            waited = result.get("timed_out") or result.get("peer_lost")
+            blamed = (anyone_joined or not waited) if step == "rendezvous" else not absent
             (problems if blamed else notes)[rank].append(f"{label} failed: {result.get('error', 'no detail')}")
             break
     return dict(problems), dict(notes)
@@ -197,7 +213,9 @@ def launch_problem(computed: dict[int, dict], final: dict[int, dict], world: int
     failed it by itself (a rank that crashed in it, an unreachable rendezvous address: nothing names the node)."""
     if not computed and not final:
         return "no rank wrote a record"
-    decided = any(joined(record) or own_rendezvous_failure(record) for record in final.values())
+    silent = any(rank in computed and rank not in final for rank in range(world))
+    decided = any(joined(record) or own_rendezvous_failure(record) or (silent and lost_a_peer(record))
+                  for record in final.values())
     if all(rank in computed for rank in range(world)) and not decided:
         return "every rank started, and none got past the rendezvous nor failed it by itself"
     return None

@@ -105,6 +105,19 @@ def rendezvous_timed_out(error: str, seconds: float, limit: float) -> bool:
     return seconds >= 0.9 * limit or "timed out" in error.lower()
 
 
+# What a rank's rendezvous says when a peer (the store's host, say) died under it: its connection was closed or
+# reset. torch 2.13 gloo, rank 0 killed in init_process_group: "DistNetworkError: Failed to recv, got 0 bytes.
+# Connection was likely closed. Did the remote server shutdown or crash?"
+PEER_LOST = ("got 0 bytes", "connection was likely closed", "reset by peer", "broken pipe", "closed by peer",
+             "remote server shutdown or crash")
+
+
+def rendezvous_peer_lost(error: str) -> bool:
+    """Whether a failed rendezvous lost a peer that died (the criterion then blames the silent peer, not this
+    rank)."""
+    return any(words in error.lower() for words in PEER_LOST)
+
+
 def collectives(ident: dict, settings: PreflightSettings, kind, fault: str | None) -> dict:
     """Rendezvous, then the node's all-reduce and the world's. The "hang" fault joins the rendezvous and then
     never enters an all-reduce. The rendezvous waits as long as the ranks' start-up may spread (the launch's
@@ -116,7 +129,7 @@ def collectives(ident: dict, settings: PreflightSettings, kind, fault: str | Non
     except Exception as err:
         error = one_line(f"{type(err).__name__}: {err}", 300)
         return {"rendezvous": {"ok": False, "error": error, "timed_out": rendezvous_timed_out(
-            error, time.monotonic() - start, settings.rendezvous_timeout)}}
+            error, time.monotonic() - start, settings.rendezvous_timeout), "peer_lost": rendezvous_peer_lost(error)}}
     if fault == "hang":
         time.sleep(HANG_SECONDS)
     device = _device(kind)

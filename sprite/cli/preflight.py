@@ -201,7 +201,7 @@ def before_launch(run, plan, job, prepared):
     plan of the first attempt: unchanged when every node is healthy, without the failed nodes when the allocation
     has room for the same world (as --spare-nodes allows), or None (exit 1) when it has not. Raises UsageError for
     a rendezvous port taken since the check, SpriteError (exit 1) when the preflight is inconclusive: its launch
-    failed as a whole, no node's fault, so none is left out and the run stops."""
+    failed as a whole or named no node, so none is left out and the run stops."""
     from rich.console import Console
 
     from sprite.errors import SpriteError
@@ -218,10 +218,11 @@ def before_launch(run, plan, job, prepared):
     if unsure:
         run.record("preflight", **fields, inconclusive=unsure, left_out=[], decision="stop: inconclusive")
         raise SpriteError(f"The preflight before the launch judged no node: {one_line(unsure, 600)}.",
-                          "Its launch failed as a whole (the launcher, the environment or the rendezvous), which is "
-                          "no node's fault, so no node is left out.",
-                          f"Read {out}/{runner.LAUNCH_LOG} and {out}/logs/, fix the launch, then run again "
-                          "(or without --preflight).")
+                          "Its launch failed as a whole (the launcher, the environment), or no rank got past the "
+                          "rendezvous (a rank that died in it unseen, a host the others cannot reach, a start-up "
+                          "longer than the deadline), so no node could be named or left out; one may still be bad.",
+                          f"Read {out}/{runner.LAUNCH_LOG} and {out}/logs/, fix the launch (or run sprite preflight "
+                          "with a longer --deadline to find the node), then run again.")
     if not bad:
         run.record("preflight", **fields, left_out=[], decision="launch")
         return plan
