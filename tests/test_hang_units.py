@@ -624,3 +624,31 @@ def test_runs_show_prints_a_runs_summary_and_its_stalls_and_refuses_a_folder_wit
     assert [s["culprits"] for s in shown["stalls"]] == [[1]] and shown["run_dir"] == str(run)
     with pytest.raises(UsageError, match="holds no audit trail"):
         runs.show(tmp_path)
+
+
+def test_the_main_thread_is_the_one_the_header_names_and_a_dump_without_it_is_not_read_yet(tmp_path):
+    """A real faulthandler dump of a process whose other thread was started by C code (``_thread``: no threading
+    frame at its bottom, as a thread of a C++ library calling Python has none): the main thread is the one the
+    rank's header names, not the first without threading's frame; a dump cut before the main thread (faulthandler
+    prints it last) is not yet read."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import _thread, faulthandler, json, sys, threading, time\n"
+        "from sprite.contract import stacks\n"
+        "from sprite.runtime.hang.dump import _facts\n"
+        "def hook_in_c_thread():\n"
+        "    time.sleep(30)\n"
+        "def training_step():\n"
+        "    _thread.start_new_thread(hook_in_c_thread, ())\n"
+        "    time.sleep(0.5)\n"
+        "    sys.stdout.write(stacks.HEADER + json.dumps(_facts(1)) + '\\n')\n"
+        "    sys.stdout.flush()\n"
+        "    faulthandler.dump_traceback(sys.stdout, all_threads=True)\n"
+        "training_step()\n")
+    text = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60).stdout
+    dump = parse(text)
+    assert dump.dumped and [t.frames[0].func for t in dump.threads][0] == "hook_in_c_thread"  # printed first
+    assert dump.main().frames[-2].func == "training_step" or dump.main().frames[0].func == "training_step"
+    assert "hook_in_c_thread" not in places.of(dump).text and "training_step" in places.of(dump).text
+    cut = text[:text.rindex("Current thread") if "Current thread" in text else text.rindex("Thread 0x")]
+    assert not parse(cut).dumped  # the helper thread alone: read again until the main thread is there

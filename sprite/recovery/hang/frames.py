@@ -44,16 +44,27 @@ class Thread:
 
 @dataclass
 class Dump:
-    header: dict  # rank, host, pid, python, library (the folders of Python's and the packages' code)
-    threads: list[Thread]
+    header: dict  # rank, host, pid, python, library (the folders of Python's and the packages' code), main_thread
+    threads: list[Thread]  # those with Python frames
+    printed: frozenset = frozenset()  # the idents of every thread the dump printed, frames or not (lower case)
+
+    @property
+    def main_ident(self) -> str | None:
+        """The main thread's ident as faulthandler prints it (``0x%016x``), where the rank's header names it."""
+        found = self.header.get("main_thread")
+        return found.lower() if isinstance(found, str) else None
 
     @property
     def dumped(self) -> bool:
-        return bool(self.threads)
+        """Whether the dump is whole: it printed a thread, and the main thread where the header names it
+        (faulthandler prints the main thread last; a dump read before that is still being written)."""
+        return bool(self.threads) and (self.main_ident is None or self.main_ident in self.printed)
 
     def main(self) -> Thread | None:
-        """The main thread (the one whose outermost frame is not threading's), else the first thread."""
-        return next((t for t in self.threads if t.is_main), self.threads[0] if self.threads else None)
+        """The main thread: the one the header names, else the one whose outermost frame is not threading's (a
+        thread started outside ``threading``, by C code, has none either), else the first thread."""
+        named = next((t for t in self.threads if t.ident.lower() == self.main_ident), None)
+        return named or next((t for t in self.threads if t.is_main), self.threads[0] if self.threads else None)
 
 
 def parse(text: str) -> Dump:
@@ -75,4 +86,4 @@ def parse(text: str) -> Dump:
             threads.append(Thread(thread.group(2)))
         elif (frame := _FRAME.match(line)) and threads:
             threads[-1].frames.append(Frame(frame.group(1), int(frame.group(2)), frame.group(3)))
-    return Dump(header, [t for t in threads if t.frames])
+    return Dump(header, [t for t in threads if t.frames], frozenset(t.ident.lower() for t in threads))

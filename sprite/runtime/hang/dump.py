@@ -141,4 +141,5 @@ def _facts(rank: int) -> dict:
     library |= set(getattr(site, "getsitepackages", list)())
     library.add(str(Path(__file__).resolve().parents[2]))  # sprite's own package
     return {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
-            "library": sorted(p for p in library if p)}
+            "library": sorted(p for p in library if p),
+            "main_thread": f"0x{threading.main_thread().ident:016x}"}  # as faulthandler prints a thread's ident
