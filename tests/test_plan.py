@@ -72,6 +72,20 @@ def test_slurm_plan_uses_srun_and_allocation_tasks(slurm_env, example_script):
     assert first.env["MASTER_PORT"] == plan.env["MASTER_PORT"]
 
 
+@pytest.mark.parametrize("tasks, devices", [
+    ({"SLURM_TASKS_PER_NODE": "128(x2)"}, 4),  # a whole node asked for no tasks: Slurm counts its CPUs
+    ({"SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "4"}, 2),  # -n 4: the tasks Slurm gave each node
+    ({"SLURM_TASKS_PER_NODE": "3,1", "SLURM_NTASKS": "4"}, 1),  # uneven: the fewest any node got
+    ({"SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "128(x2)"}, 2),
+])
+def test_slurms_tasks_per_node_count_only_when_the_job_asked_for_tasks(clean_env, example_script, tasks, devices):
+    """Without a task count Slurm fills SLURM_TASKS_PER_NODE from the CPUs it allocated: that planned 128 ranks a
+    node (and a shared node 1) instead of the site's 4 GPUs."""
+    env = {**clean_env, "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nid[001-002]", **tasks}
+    plan = plan_run({"script": example_script, "site": "perlmutter"}, env)
+    assert plan.world.devices == devices and plan.env["WORLD_SIZE"] == str(2 * devices)
+
+
 def test_slurm_multi_group_nodelist_keeps_order(clean_env, example_script):
     env = {**clean_env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nid[001-003,007],gpu-[1-2]"}
     plan = plan_run({"script": example_script, "site": "perlmutter", "devices": 1}, env)
@@ -199,7 +213,7 @@ def test_other_flavours(clean_env, slurm_env, example_script):
 
 @pytest.mark.parametrize("flags, message", [
     ({"nodes": 3}, "--nodes 3 asks for more nodes than the SLURM allocation 4242 has (2"),
-    ({"devices": 8}, "SLURM_NTASKS_PER_NODE=4"),
+    ({"devices": 8}, "grants (4 tasks a node: SLURM_NTASKS_PER_NODE"),
     ({"strategy": "single"}, "--strategy single runs one rank"),
     ({"launcher": "local", "nodes": 2}, "--launcher local starts ranks on this machine only"),
     ({"exclude": ["nid009"]}, "not in the allocation"),

@@ -100,7 +100,8 @@ def _devices(spec: JobSpec, site: SiteProfile, alloc: Allocation, here: int | No
     if alloc.tasks_per_node and devices > alloc.tasks_per_node:
         raise UsageError(
             f"{spec.blame('devices') if spec.devices else f'--devices {devices}'} asks for more ranks per node "
-            f"than {alloc.describe()} grants (SLURM_NTASKS_PER_NODE={alloc.tasks_per_node}).",
+            f"than {alloc.describe()} grants ({alloc.tasks_per_node} tasks a node: SLURM_NTASKS_PER_NODE, or "
+            "SLURM_TASKS_PER_NODE with SLURM_NTASKS).",
             "The allocation was requested with fewer tasks per node.",
             f"Use --devices {alloc.tasks_per_node} or fewer, or request --ntasks-per-node={devices}.",
         )

@@ -81,11 +81,25 @@ def parse_scontrol_text(text: str, job_id: str) -> dict:
 
 
 def _tasks_per_node(value: str | None) -> int | None:
-    # Slurm writes e.g. "4" or "4(x2)" or "4,2"; the first count is the one every full node gets. Anything else
-    # (set by hand, "²") is no count: ranks per node then come from --devices or the site.
-    head = (value or "").split(",")[0].split("(")[0]
-    counted = re.fullmatch(r"[1-9][0-9]{0,3}", head) and int(head) <= values.MAX_RANKS_PER_NODE
-    return int(head) if counted else None
+    # Slurm writes e.g. "4" or "4(x2)" or "4,2(x3)": the fewest tasks any node got, so that every node holds the
+    # ranks planned for it. Anything else (set by hand, "²") is no count: ranks per node then come from --devices or
+    # the site.
+    counts = [part.split("(")[0] for part in (value or "").split(",")]
+    if not all(re.fullmatch(r"[1-9][0-9]{0,3}", count) for count in counts):
+        return None
+    fewest = min(int(count) for count in counts)
+    return fewest if fewest <= values.MAX_RANKS_PER_NODE else None
+
+
+def granted_tasks(environ: Mapping[str, str]) -> int | None:
+    """Tasks per node the job asked for: SLURM_NTASKS_PER_NODE (--ntasks-per-node), else SLURM_TASKS_PER_NODE when
+    the job asked for a task count (SLURM_NTASKS: -n). Without either, Slurm fills SLURM_TASKS_PER_NODE from the
+    CPUs it allocated (128 a Perlmutter GPU node, whole): no number of ranks."""
+    if environ.get("SLURM_NTASKS_PER_NODE"):
+        return _tasks_per_node(environ["SLURM_NTASKS_PER_NODE"])
+    if environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS"):
+        return _tasks_per_node(environ.get("SLURM_TASKS_PER_NODE"))
+    return None
 
 
 class Slurm(Scheduler):
@@ -138,7 +152,7 @@ class Slurm(Scheduler):
                 "The variable was copied into a shell outside the job.",
                 "Run sprite inside the allocation (salloc or an sbatch script), or unset SLURM_JOB_ID.",
             )
-        tasks = _tasks_per_node(environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE"))
+        tasks = granted_tasks(environ)
         return Allocation(self.name, job_id, expand_nodelist(text), tasks)
 
     def requested_allocation(self, hosts: tuple[str, ...], ranks_per_node: int) -> Allocation:
