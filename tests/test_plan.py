@@ -86,6 +86,25 @@ def test_slurms_tasks_per_node_count_only_when_the_job_asked_for_tasks(clean_env
     assert plan.world.devices == devices and plan.env["WORLD_SIZE"] == str(2 * devices)
 
 
+def test_exclude_matches_a_node_files_full_names_by_their_short_name(clean_env, example_script, tmp_path):
+    """Aurora's node file holds full names (x4000c0s0b0n0.hostmgmt2000.cm.aurora.alcf.anl.gov); --exclude with the
+    short name (as a user, or a heartbeat's gethostname, writes it) was refused as a host of another job. The
+    plan keeps the node file's spelling; a host of no allocation is still refused."""
+    from sprite.errors import UsageError
+
+    full = [f"x4000c0s{n}b0n0.hostmgmt2000.cm.aurora.alcf.anl.gov" for n in range(3)]
+    nodes = tmp_path / "nodes"
+    nodes.write_text("\n".join(full) + "\n")
+    env = {**clean_env, "PBS_JOBID": "8.aurora", "PBS_NODEFILE": str(nodes)}
+    plan = plan_run({"script": example_script, "site": "aurora", "exclude": ["x4000c0s0b0n0"]}, env)
+    assert plan.world.hosts == tuple(full[1:])
+    nodes.write_text("x4000c0s0b0n0\nx4000c0s1b0n0\n")  # and the other way round
+    plan = plan_run({"script": example_script, "site": "aurora", "exclude": [full[1]]}, env)
+    assert plan.world.hosts == ("x4000c0s0b0n0",)
+    with pytest.raises(UsageError, match="names 'x9999c0s0b0n0'|names x9999c0s0b0n0"):
+        plan_run({"script": example_script, "site": "aurora", "exclude": ["x9999c0s0b0n0"]}, env)
+
+
 def test_slurm_multi_group_nodelist_keeps_order(clean_env, example_script):
     env = {**clean_env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nid[001-003,007],gpu-[1-2]"}
     plan = plan_run({"script": example_script, "site": "perlmutter", "devices": 1}, env)

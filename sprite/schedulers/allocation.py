@@ -99,7 +99,7 @@ def exclude(alloc: Allocation, names: tuple[str, ...], label: str = "--exclude")
         except hostlist.BadHostlist as err:
             raise UsageError(f"{label}: {show(name)} is not a host name or host list ({err}).",
                              "A typo or an unbalanced bracket.", "Write hosts as nid001 or nid[001-003,007].") from None
-    unknown = sorted(dropped - set(alloc.hosts))
+    dropped, unknown = _as_allocated(dropped, alloc.hosts)
     if unknown and alloc.planned:
         raise UsageError(f"{label} names {len(dropped)} hosts, more than the {len(alloc.hosts)} node(s) the job asks "
                          "for, so some cannot be in its allocation.", "",
@@ -115,3 +115,22 @@ def exclude(alloc: Allocation, names: tuple[str, ...], label: str = "--exclude")
     if not kept:
         raise UsageError(f"{label} removes every host of {alloc.describe()}.", "", "Keep at least one host.")
     return replace(alloc, hosts=kept)
+
+
+def _as_allocated(names: set[str], hosts: tuple[str, ...]) -> tuple[set[str], list[str]]:
+    """(the hosts of ``hosts`` that ``names`` name, the names that name none). A name matches a host spelled the
+    same, or, where one of the two has no domain, the same short name: Aurora's node file holds
+    ``x4000c0s0b0n0.hostmgmt2000.cm.aurora.alcf.anl.gov`` while a user (or a heartbeat's gethostname) writes
+    ``x4000c0s0b0n0``."""
+    spelled = set(hosts)
+    by_short: dict[str, list[str]] = {}
+    for host in hosts:
+        by_short.setdefault(host.split(".")[0], []).append(host)
+    found, unknown = set(), []
+    for name in names:
+        if name in spelled:
+            found.add(name)
+            continue
+        short = [h for h in by_short.get(name.split(".")[0], []) if "." not in name or "." not in h]
+        found.update(short) if short else unknown.append(name)
+    return found, sorted(unknown)
