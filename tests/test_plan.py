@@ -230,6 +230,16 @@ def test_other_flavours(clean_env, slurm_env, example_script):
     assert multi.argv[:2] == ["srun", "--nodes"] and multi.argv[multi.argv.index("--nnodes") + 1] == "2"
 
 
+def test_torchruns_endpoint_over_several_nodes_is_the_node_files_name_not_the_high_speed_alias(pbs_env,
+                                                                                              example_script):
+    """torch's c10d rendezvous starts its store only on the agent whose hostname matches the endpoint; Aurora's
+    MASTER_ADDR is the .hsn alias, which matches no agent, so the endpoint is the first host as PBS names it."""
+    plan = plan_run({"script": example_script, "site": "aurora", "launcher": "torchrun"}, pbs_env)
+    endpoint = plan.argv[plan.argv.index("--rdzv-endpoint") + 1]
+    assert endpoint == f"{AURORA_HOSTS[0]}:{plan.env['MASTER_PORT']}"
+    assert plan.env["MASTER_ADDR"] == AURORA_HOSTS[0] + ".hsn.cm.aurora.alcf.anl.gov"
+
+
 @pytest.mark.parametrize("flags, message", [
     ({"nodes": 3}, "--nodes 3 asks for more nodes than the SLURM allocation 4242 has (2"),
     ({"devices": 8}, "grants (4 tasks a node: SLURM_NTASKS_PER_NODE"),

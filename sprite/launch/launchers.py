@@ -65,7 +65,12 @@ def _srun(site, world, ctx, cmd, env):
 
 
 def _torchrun(site, world, ctx, cmd, env):
-    endpoint = f"{env[contract.MASTER_ADDR]}:{env[contract.MASTER_PORT]}"
+    # Over several nodes the endpoint is the first host as the node file names it, not MASTER_ADDR: torch's c10d
+    # rendezvous serves its store only on the agent whose hostname or addresses match the endpoint
+    # (_matches_machine_hostname), and a site's high-speed-network alias (Aurora's .hsn name) matches none, so
+    # every agent would wait for a store nobody starts.
+    host = world.hosts[0] if world.nodes > 1 else env[contract.MASTER_ADDR]
+    endpoint = f"{host}:{env[contract.MASTER_PORT]}"
     argv = [ctx.python, "-m", "torch.distributed.run", "--nnodes", str(world.nodes),
             "--nproc-per-node", str(world.devices), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
             "--rdzv-id", world.alloc.job_id or "sprite", "-m", *cmd[2:]]
