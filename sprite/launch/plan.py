@@ -288,8 +288,36 @@ def plan_run(flags: dict, environ: Mapping[str, str] = os.environ, spec_file: st
     if alloc.scheduler == "none":
         check_devices_here(job, launched.devices, environ, fewest_ranks)
     plan = build(job, site, launched, context(environ, run_env))
-    notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env))
+    too_long = check_exec_limits(plan, refuse=False)  # planned all the same (a dry run shows it), never started
+    notes = (*schedulers.detection_notes(environ), *rendezvous.replaced(environ, plan.env),
+             *([f"this plan cannot be started: {too_long}"] if too_long else []))
     return replace(plan, notes=notes)
+
+
+MAX_ARG_STRLEN = 131072  # Linux's limit on one argument or one NAME=VALUE string (32 pages: binfmts.h)
+
+
+def check_exec_limits(plan: LaunchPlan, refuse: bool = True) -> str | None:
+    """Whether the kernel would start ``plan``: an argument or a variable over ``MAX_ARG_STRLEN`` (the host list of
+    some 2,600 Aurora nodes, whose node-file names are 50 characters, or of about 9,300 with 13-character names)
+    is refused by execve with E2BIG. sprite passes the hosts as one list to every rank (``SPRITE_HOSTS``) and, for a
+    part of the allocation, to the launcher; a host file is not yet written. Returns what is too long, or None;
+    raises UsageError with it when ``refuse``."""
+    texts = [("an argument of the launch", arg) for arg in plan.argv]
+    texts += [(f"the variable {name}", f"{name}={value}") for name, value in plan.env.items()]
+    for what, text in texts:
+        size = len(text.encode("utf-8", "surrogateescape"))
+        if size >= MAX_ARG_STRLEN:
+            problem = (f"{what} is {size:,} bytes, over Linux's {MAX_ARG_STRLEN:,}-byte limit for one argument "
+                       f"or variable ({len(plan.world.hosts):,} hosts)")
+            if refuse:
+                raise UsageError(f"The launch cannot be started: {problem}.",
+                                 "sprite passes the host list as one variable (and one argument), and these hosts' "
+                                 "names make it too long; a host file is not yet supported.",
+                                 "Run on fewer nodes (about 2,500 with 50-character names), or with shorter host "
+                                 "names.")
+            return problem
+    return None
 
 
 def check_site_scheduler(site, alloc) -> None:
