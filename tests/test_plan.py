@@ -254,6 +254,22 @@ def test_other_flavours(clean_env, slurm_env, example_script):
     assert multi.argv[:2] == ["srun", "--nodes"] and multi.argv[multi.argv.index("--nnodes") + 1] == "2"
 
 
+def test_torchruns_agents_under_pbs_are_started_in_the_sites_mpiexec_flavour(pbs_env, example_script, tmp_path):
+    """One torchrun agent a node under PBS was always started with PALS's words (--ppn, --hosts, --envall), which
+    Open MPI's mpirun refuses; each flavour now gets its own, one unbound process a node."""
+    agents = {}
+    for mpi in ("pals", "hydra", "openmpi"):
+        site = tmp_path / f"{mpi}.yaml"
+        site.write_text(f"name: {mpi}\nscheduler: pbs\nmpi: {mpi}\ncpu_bind: depth\njob: {{devices: 4}}\n")
+        argv = plan_run({"script": example_script, "site": str(site), "launcher": "torchrun"}, pbs_env).argv
+        agents[mpi] = argv[:argv.index("-m")]
+    assert agents["pals"][:5] == ["mpiexec", "-n", "2", "--ppn", "1"] and "--envall" in agents["pals"]
+    assert agents["hydra"][:5] == ["mpiexec", "-n", "2", "-ppn", "1"] and "--envall" not in agents["hydra"]
+    assert agents["openmpi"][:5] == ["mpirun", "-n", "2", "--map-by", "ppr:1:node"]
+    assert "--ppn" not in agents["openmpi"] and "-x" in agents["openmpi"] and "MASTER_PORT" in agents["openmpi"]
+    assert not any("--cpu-bind" in a for argv in agents.values() for a in argv)  # the ranks' binding, not agents'
+
+
 def test_torchruns_endpoint_over_several_nodes_is_the_node_files_name_not_the_high_speed_alias(pbs_env,
                                                                                               example_script):
     """torch's c10d rendezvous starts its store only on the agent whose hostname matches the endpoint; Aurora's

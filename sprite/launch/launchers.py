@@ -9,6 +9,8 @@ passing the caller's environment on, by name at most.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sprite import contract, schedulers
 
 
@@ -78,8 +80,13 @@ def _torchrun(site, world, ctx, cmd, env):
     # distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py:49, os.environ.copy()).
     if world.nodes == 1:
         return argv
-    # One torchrun agent per node, started by the scheduler's own launcher.
-    return schedulers.get(world.alloc.scheduler).per_node_agents(world.nodes, world.hosts, argv)
+    # One torchrun agent per node, started by the scheduler's own launcher (srun), else by the site's mpiexec in
+    # its own flavour's words (Open MPI refuses PALS's --ppn, --hosts and --envall), one process a node, unbound.
+    scheduler = schedulers.get(world.alloc.scheduler)
+    if scheduler.own_launchers:
+        return scheduler.per_node_agents(world.nodes, world.hosts, argv)
+    agents = replace(world, devices=1, launcher="mpiexec", flavour=site.mpi)
+    return BUILDERS[site.mpi](replace(site, cpu_bind=None, depth=None), agents, ctx, argv, env)
 
 
 def _local(site, world, ctx, cmd, env):

@@ -132,5 +132,6 @@ class Scheduler:
         raise NotImplementedError
 
     def per_node_agents(self, nodes: int, hosts: tuple[str, ...], argv: list[str]) -> list[str]:
-        """``argv`` started once on each of ``hosts`` (one torchrun agent per node) by this system's launcher."""
-        return ["mpiexec", "-n", str(nodes), "--ppn", "1", "--hosts", ",".join(hosts), "--envall", *argv]
+        """``argv`` started once on each of ``hosts`` (one torchrun agent per node) by this system's own launcher
+        (``own_launchers``); a system without one has the site's mpiexec start them (``launchers._torchrun``)."""
+        raise NotImplementedError
