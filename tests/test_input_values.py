@@ -109,6 +109,9 @@ def test_a_folder_with_a_space_names_output_dir(tmp_path):
     ({"PBS_JOBID": "1;x", "PBS_NODEFILE": "LIST"}, ("PBS_JOBID='1;x' is not a job id",)),
     ({"PBS_JOBID": "1.x", "PBS_NODEFILE": "FIFO"}, ("PBS_NODEFILE=", "FIFO is not a regular file",)),
     ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3"}, ("SLURM_JOB_NODELIST='n[1-3' cannot be read",)),
+    # a variable, not a file: its host, not its line, and no word of a file written by hand
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nid1,-nid2"}, ("SLURM_JOB_NODELIST host 2: '-nid2' is not a host",
+                                                                 "The variable was set by hand")),
 ])
 def test_broken_allocations_name_their_variable(tmp_path, environ, fragments):
     (tmp_path / "LIST").write_text("nid000\nnid001,nid002\n")

@@ -56,14 +56,19 @@ def check_job_id(variable: str, value: str) -> str:
     return value
 
 
-def check_hosts(lines, where: str) -> tuple[str, ...]:
-    """The unique host names of ``lines`` (blank lines skipped). Raises UsageError naming ``where`` and the line
-    of the first entry that is not a host name (``nid001,nid002`` on one line is two hosts, not a name)."""
+def check_hosts(lines, where: str, entry: str = "line") -> tuple[str, ...]:
+    """The unique host names of ``lines`` (blank lines skipped). Raises UsageError naming ``where`` and the
+    ``entry`` (a node file's line, or a node list's host once expanded) of the first that is not a host name
+    (``nid001,nid002`` on one line is two hosts, not a name)."""
     for number, line in enumerate(lines, 1):
         if line.strip() and not HOST.fullmatch(line.strip()):
-            raise UsageError(f"{where} line {number}: {show(line.strip())} is not a host name.",
-                             "The file was written by hand or damaged; the scheduler writes one host per line.",
-                             "Run inside the job, or fix the file to hold one host name per line.")
+            if entry == "line":
+                cause, fix = ("The file was written by hand or damaged; the scheduler writes one host per line.",
+                              "Run inside the job, or fix the file to hold one host name per line.")
+            else:
+                cause, fix = ("The variable was set by hand or damaged.",
+                              "Run inside an unmodified allocation, or unset the job's variables to launch here.")
+            raise UsageError(f"{where} {entry} {number}: {show(line.strip())} is not a host name.", cause, fix)
     return unique(lines)
 
 

@@ -18,7 +18,7 @@ from sprite.schedulers.base import Scheduler, loads
 def expand_nodelist(text: str) -> tuple[str, ...]:
     """Expand a Slurm node list (``nid[001-003,007],gpu-[1-2]``). Raises UsageError when it cannot be parsed."""
     try:
-        return check_hosts(expand_hosts(text), "SLURM_JOB_NODELIST")
+        return check_hosts(expand_hosts(text), "SLURM_JOB_NODELIST", "host")
     except hostlist.BadHostlist as err:
         raise UsageError(
             f"SLURM_JOB_NODELIST={show(text)} cannot be read as a Slurm node list ({err}).",
