@@ -106,7 +106,7 @@ def test_exclude_matches_a_node_files_full_names_by_their_short_name(clean_env, 
 
 
 def test_a_host_list_over_linuxs_limit_for_one_variable_is_planned_with_a_note_and_never_started(
-        clean_env, example_script, tmp_path):
+        clean_env, example_script, tmp_path, sprite_cmd):
     """3,000 hosts with Aurora's 50-character node-file names make SPRITE_HOSTS 150 KB, over the 131,072 bytes
     execve takes for one string: the launch failed with E2BIG, reported as a full disk (exit 1). The dry run now
     says the plan cannot be started, and the run refuses it in one line, exit 2, before any launcher starts."""
@@ -118,9 +118,9 @@ def test_a_host_list_over_linuxs_limit_for_one_variable_is_planned_with_a_note_a
     env = {**clean_env, "PBS_JOBID": "9.aurora", "PBS_NODEFILE": str(nodes)}
     plan = plan_run({"script": example_script, "site": "aurora"}, env)
     assert any(note.startswith("this plan cannot be started: the variable SPRITE_HOSTS is 150,") for note in plan.notes)
-    done = subprocess.run([sys.executable, "-m", "sprite", "run", "--site", "local", "--launcher", "mpiexec",
+    done = subprocess.run([*sprite_cmd, "run", "--site", "local", "--launcher", "mpiexec",
                            "--accelerator", "cpu", "--devices", "1", "--run-dir", str(tmp_path / "run"),
-                           example_script], env=env, capture_output=True, text=True, timeout=120)
+                           example_script], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     said = [line for line in done.stderr.splitlines() if line.startswith("sprite: error:")]
     assert done.returncode == 2 and len(said) == 1, done.stderr
     assert said[0].startswith("sprite: error: The launch cannot be started: an argument of the launch is 149,")

@@ -104,9 +104,10 @@ def exclude(alloc: Allocation, names: tuple[str, ...], label: str = "--exclude")
         except hostlist.BadHostlist as err:
             raise UsageError(f"{label}: {show(name)} is not a host name or host list ({err}).",
                              "A typo or an unbalanced bracket.", "Write hosts as nid001 or nid[001-003,007].") from None
+    named = len(dropped)
     dropped, unknown = _as_allocated(dropped, alloc.hosts)
     if unknown and alloc.planned:
-        raise UsageError(f"{label} names {len(dropped)} hosts, more than the {len(alloc.hosts)} node(s) the job asks "
+        raise UsageError(f"{label} names {named} hosts, more than the {len(alloc.hosts)} node(s) the job asks "
                          "for, so some cannot be in its allocation.", "",
                          "Exclude fewer hosts, or ask for more nodes (scheduler.nodes).")
     if unknown:
