@@ -24,6 +24,25 @@ def default_out(name: str) -> pathlib.Path:
     return pathlib.Path(CHECKS_FOLDER) / f"{name}-{number}"
 
 
+def fresh_numbered(directory: pathlib.Path, stem: str, most: int = 9999) -> tuple[pathlib.Path | None, str]:
+    """(``directory/<stem>-N``, made now, 0700, the first N free; "") or (None, why) where ``directory`` takes no
+    new folder: ``sprite parity compare``'s reports beside a run's own, never over them."""
+    from sprite.integrity import make_dir_new
+
+    for number in range(1, most + 1):
+        into = directory / f"{stem}-{number}"
+        if os.path.lexists(into):
+            continue
+        try:
+            make_dir_new(into, 0o700)
+            return into, ""
+        except IntegrityError:
+            continue  # made meanwhile by another compare
+        except OSError as err:
+            return None, f"{directory} does not take a new folder: {err.strerror or err}"
+    return None, f"{directory} holds {most:,} {stem} folders"
+
+
 def make_out(make: Callable, out: pathlib.Path) -> None:
     """``make(out)``, a harness's creation of its --out folder, with a failure to create it (a file where a folder
     of the path should be, a name another check took at the same moment, a folder that cannot be written) turned

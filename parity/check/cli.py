@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 import pathlib
 import time
 from typing import List, Optional
@@ -140,7 +139,9 @@ def compare_command(directory: pathlib.Path = typer.Argument(..., help="The --ou
         reports = compare(directory, into=False)
     except SpriteError as err:
         fail(err)
-    into, why = _fresh_folder(directory)
+    from sprite.parity.outdir import fresh_numbered
+
+    into, why = fresh_numbered(directory, "compare")
     if into is not None:
         from sprite.parity.check.report import write_json
 
@@ -148,20 +149,3 @@ def compare_command(directory: pathlib.Path = typer.Argument(..., help="The --ou
             write_json(into / name, report)
     _finish(into, reports, details, json_out, why)
 
-
-def _fresh_folder(directory: pathlib.Path) -> tuple[pathlib.Path | None, str]:
-    """(``DIR/compare-N``, made now, the first N free; "") or (None, why) where DIR cannot take a folder."""
-    from sprite.integrity import IntegrityError, make_dir_new
-
-    for number in range(1, 10000):
-        into = directory / f"compare-{number}"
-        if os.path.lexists(into):
-            continue
-        try:
-            make_dir_new(into, 0o700)
-            return into, ""
-        except IntegrityError:
-            continue  # made meanwhile by another compare
-        except OSError as err:
-            return None, f"{directory} does not take a new folder: {err.strerror or err}"
-    return None, f"{directory} holds 9,999 compare folders"

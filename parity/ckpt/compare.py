@@ -11,14 +11,13 @@ import os
 import pathlib
 
 from sprite import integrity
+from sprite.parity import store
 from sprite.parity.ckpt import results as ckpt_results
 from sprite.parity.ckpt.gaps import gaps
 from sprite.parity.ckpt.judge import arm_checks, fault_case, moved, moved_checks
 from sprite.parity.ckpt.roles import checkpoint, consolidated, expected_results, launches, result_dir, training_arm
 from sprite.parity.ckpt.settings import ARMS, FAULTS, CkptSettings
-from sprite.parity import store
 from sprite.parity.store import ResultError
-
 
 
 def load_settings(out: pathlib.Path) -> CkptSettings:

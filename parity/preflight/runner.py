@@ -32,10 +32,11 @@ THREADS = "OMP_NUM_THREADS"
 def flags_for(out: pathlib.Path, base: dict, staged: str | None = None) -> dict:
     """JobSpec fields of the preflight launch: ``base`` (the user's world: nodes, devices, launcher, site, ...)
     running the worker, never resuming, each rank's output in ``out/logs``, unbuffered (``plan`` adds
-    OMP_NUM_THREADS=1 where no layer sets it). No preemption signal (a preflight saves nothing; rank 0 would otherwise warn that its plain script gets no
-    checkpoint-and-stop). It stages nothing itself: ``staged`` is the folder `sprite run --stage --preflight`
-    has already staged on every node, whose interpreter its ranks then run (the preflight tries the start-up the
-    job will have); without it (`sprite preflight`) the ranks run the environment where it is installed."""
+    OMP_NUM_THREADS=1 where no layer sets it). No preemption signal (a preflight saves nothing; rank 0 would
+    otherwise warn that its plain script gets no checkpoint-and-stop). It stages nothing itself: ``staged`` is the
+    folder `sprite run --stage --preflight` has already staged on every node, whose interpreter its ranks then run
+    (the preflight tries the start-up the job will have); without it (`sprite preflight`) the ranks run the
+    environment where it is installed."""
     env = {**(base.get("env") or {}), "PYTHONUNBUFFERED": "1"}
     return {**base, "script": os.fspath(WORKER), "args": ["--out", os.fspath(out)], "strategy": "auto",
             "precision": "auto", "resume": "never", "log_dir": os.fspath(out / "logs"), "ranks": None, "env": env,

@@ -122,7 +122,8 @@ def run(
                                         "run the ranks from it; the archive is cached in $SPRITE_STAGE_CACHE or "
                                         "~/.cache/sprite/stage"),
     keep_stage: Optional[bool] = typer.Option(None, "--keep-stage/--no-keep-stage", help="leave the staged copy on "
-                                              "the nodes at the end; --no-keep-stage overrides a spec's or site's true"),
+                                              "the nodes at the end; --no-keep-stage overrides a spec's or site's "
+                                              "true"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan instead of running it"),
     json_out: bool = typer.Option(False, "--json", help="with --dry-run: print {argv, env} as JSON"),
 ) -> int:

@@ -138,5 +138,8 @@ def _as_allocated(names: set[str], hosts: tuple[str, ...]) -> tuple[set[str], li
             found.add(name)
             continue
         short = [h for h in by_short.get(name.split(".")[0], []) if "." not in name or "." not in h]
-        found.update(short) if short else unknown.append(name)
+        if short:
+            found.update(short)
+        else:
+            unknown.append(name)
     return found, sorted(unknown)

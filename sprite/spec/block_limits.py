@@ -71,13 +71,14 @@ def check(block: dict, site, scheduler, given: dict, complain_for: Callable) -> 
         complain = complain_for("extra") if "extra" in given else lambda what, allowed: UsageError(
             f"{site.source}: key 'submit.extra': {what}", "", f"Allowed: {allowed}.")
         owner = scheduler.owner_of(item)
+        quoted = repr(one_line(hide_values(item), 80))  # a secret-looking assignment's value hidden
         if owner:
             fix = f"scheduler.{owner}" if owner != "devices" else "devices:"
-            raise complain(f"{one_line(hide_values(item), 80)!r} sets what sprite writes from {fix}, so the checks of that "
+            raise complain(f"{quoted} sets what sprite writes from {fix}, so the checks of that "
                            "key (queue limits, the planned launch) would not see it.", f"{fix} instead")
         why = scheduler.requeue_options.get(item.split(" ")[0].split("=")[0]) if block.get("requeue") else None
         if why:
-            raise complain(f"{one_line(hide_values(item), 80)!r} overrides what sprite writes for scheduler.requeue: true "
+            raise complain(f"{quoted} overrides what sprite writes for scheduler.requeue: true "
                            f"({why}).", "extra without it, or requeue: false")
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Collection, Iterable, Mapping
 
 from sprite.errors import UsageError
-from sprite.values.env import SECRET_LOOKING, assignments, matching_pattern
+# DEFAULT_PATTERNS, MASK and matching_pattern live in sprite.values.env (the spec's validators use them too)
+from sprite.values.env import DEFAULT_PATTERNS, MASKED as MASK, assignments, matching_pattern  # noqa: F401
 
-DEFAULT_PATTERNS = SECRET_LOOKING
-MASK = "***"
 
 
 def is_secret(name: str, listed: Collection[str], patterns: Collection[str]) -> bool:

@@ -17,8 +17,10 @@ from sprite.values.grammar import ENV_NAME, control_char, scalar_text
 
 # Variables sprite plans itself for every rank (plan.environment): a spec's env: must not try to set them.
 OWNED_ENV = (contract.MASTER_ADDR, contract.MASTER_PORT, "PYTHONSAFEPATH", *contract.RANK_VARS, *contract.ALL)
-MASKED = "***"  # as sprite.spec.secrets.MASK: how every printer shows a value that may be a secret's
-SECRET_LOOKING = ("*_TOKEN", "*_KEY", "*SECRET*", "*PASSWORD*", "*_PAT")  # sprite.spec.secrets.DEFAULT_PATTERNS
+MASKED = "***"  # how every printer shows a value that may be a secret's (sprite.spec.secrets.MASK)
+DEFAULT_PATTERNS = ("*_TOKEN", "*_KEY", "*SECRET*", "*PASSWORD*", "*_PAT")  # secret names, before a site's own
+OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it",
+              contract.RUN_DIR: "--run-dir DIR to choose the run folder"}
 # NAME=VALUE inside a shell line or a directive (export A=1, -v A=1,B=2, -vA=1, --export=ALL,A=1); VALUE up to a
 # space, comma or semicolon, or a quoted string
 _ASSIGNED = re.compile(r"(?<![A-Za-z0-9_$])([A-Za-z_][A-Za-z0-9_]*)=('[^']*'|\"[^\"]*\"|[^\s,;]*)")
@@ -36,13 +38,11 @@ def matching_pattern(name: str, patterns) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(name.upper(), p.upper())), None)
 
 
-def hide_values(text: str, patterns=SECRET_LOOKING) -> str:
+def hide_values(text: str, patterns=DEFAULT_PATTERNS) -> str:
     """``text`` with the value of every ``NAME=VALUE`` whose NAME matches ``patterns`` shown as ``***``: for quoting
     a line of a spec in a message, where no site's own patterns are known yet."""
     return _ASSIGNED.sub(lambda m: f"{m[1]}={MASKED}" if matching_pattern(m[1], patterns) else m[0],
                          _ATTACHED_V.sub(r"\1-v ", text))
-OWNED_HINT = {contract.MASTER_PORT: "--master-port or master_port:", contract.MASTER_ADDR: "--exclude to move it",
-              contract.RUN_DIR: "--run-dir DIR to choose the run folder"}
 
 
 def _not_owned(name: str, complain: Complain) -> None:
