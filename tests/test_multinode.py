@@ -135,3 +135,20 @@ def test_plain_torch_distributed_script_under_srun_on_one_node(launches, nodes):
                                                                                      ("1", "1", "0", 3.0)]
     assert {(s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"], s["MASTER_ADDR"]) for s in seen} == {("2", "2", "127.0.0.1")}
     assert [s["warm_served"] for s in seen] == [served, served]  # srun's tasks hand their ranks to the server
+
+
+def test_a_whole_node_asked_for_no_tasks_plans_the_sites_ranks_not_its_cpus(nodes, sprite_cmd, tmp_path):
+    """Real slurmd: inside ``salloc -N 2 --exclusive`` (no task count) Slurm fills SLURM_TASKS_PER_NODE from the
+    CPUs it allocated; sprite took that for ranks per node. A spec asking -n 4 still gets its tasks a node."""
+    env = _env({"SLURM_CONF": nodes.env["SLURM_CONF"]})
+
+    def planned(*salloc: str) -> dict:
+        done = subprocess.run(["salloc", *salloc, "--quiet", *sprite_cmd, "run", "--accelerator", "cpu", "--dry-run",
+                               "--json", FIT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["env"]
+
+    whole = planned("-N", "2", "--exclusive")
+    assert whole["SPRITE_DEVICES"] == "1" and whole["WORLD_SIZE"] == "2", whole  # local site: 1 a node, not the CPUs
+    asked = planned("-N", "2", "-n", "4")
+    assert asked["SPRITE_DEVICES"] == "2" and asked["WORLD_SIZE"] == "4", asked
