@@ -65,6 +65,15 @@ class Launches:
         flags = ["--launcher", "mpiexec", "--mpi", "hydra", "--nodes", "2", "--devices", "2", "--strategy", strategy]
         return self._run(("hydra", strategy), [], flags, FIT, env)
 
+    def torchrun_under_hydra(self):
+        """One torchrun agent a simulated node, started by Hydra's mpiexec (the PBS path without a launcher of
+        its own), two ranks each."""
+        nodefile = self.root / "nodefile-torchrun"
+        nodefile.write_text("127.0.0.1\n127.0.0.2\n")
+        env = _env({"PBS_JOBID": "4243.sim", "PBS_NODEFILE": str(nodefile), "HYDRA_LAUNCHER": "fork"})
+        flags = ["--launcher", "torchrun", "--nodes", "2", "--devices", "2", "--strategy", "ddp"]
+        return self._run(("torchrun", "hydra"), [], flags, FIT, env)
+
     def srun(self, name: str, cluster, alloc_nodes: int, flags: list[str], script: str = FIT, args=()):
         salloc = ["salloc", "-N", str(alloc_nodes), "--ntasks-per-node=2", "--quiet"]
         flags = ["--launcher", "srun", "--devices", "2", *flags]
@@ -152,3 +161,21 @@ def test_a_whole_node_asked_for_no_tasks_plans_the_sites_ranks_not_its_cpus(node
     assert whole["SPRITE_DEVICES"] == "1" and whole["WORLD_SIZE"] == "2", whole  # local site: 1 a node, not the CPUs
     asked = planned("-N", "2", "-n", "4")
     assert asked["SPRITE_DEVICES"] == "2" and asked["WORLD_SIZE"] == "4", asked
+
+
+def test_torchrun_agents_started_by_mpiexec_on_two_simulated_nodes(launches):
+    """--launcher torchrun over two Hydra nodes on loopback addresses: mpiexec starts one torchrun agent a node
+    (79b3429), the agents meet at the first host and their four ranks train one DDP model. The agent's MPICH
+    variables reach the ranks: MPI_LOCALNRANKS=1 (one agent a node) was read as the ranks per node and every rank
+    refused to start."""
+    proc, folder = launches.torchrun_under_hydra()
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    seen = _records(folder, "node", 4)
+    assert [s["RANK"] for s in seen] == ["0", "1", "2", "3"]
+    by_node = {}
+    for s in seen:
+        by_node.setdefault(s["GROUP_RANK"], []).append(s["LOCAL_RANK"])
+    assert sorted(by_node) == ["0", "1"] and all(sorted(v) == ["0", "1"] for v in by_node.values())
+    assert {(s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"], s["sum"], s["num_nodes"], s["world"]) for s in seen} == {
+        ("4", "2", 10.0, 2, 4)}
+    assert {s["strategy"] for s in seen} == {STRATEGY_CLASS["ddp"]} and len({s["digest"] for s in seen}) == 1

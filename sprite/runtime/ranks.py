@@ -155,7 +155,10 @@ def resolve_ranks(env: Mapping[str, str], flavour: str, hostname: Optional[str] 
             "WORLD_SIZE or SPRITE_WORLD_SIZE was left over from another launch.",
             "Unset it, or relaunch with `sprite run` so every rank gets the same world size.",
         )
-    per_node = read_rank_var(env, (contract.DEVICES, "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"), "ranks per node")
+    # MPICH's MPI_LOCALNRANKS counts this launcher's processes a node; under torchrun started by mpiexec (one agent
+    # a node) it is the agent's 1 and not the ranks', so only an MPICH flavour reads it.
+    mpich = ("MPI_LOCALNRANKS",) if flavour in ("hydra", "pals") else ()
+    per_node = read_rank_var(env, (contract.DEVICES, "LOCAL_WORLD_SIZE", *mpich), "ranks per node")
     nodes = read_rank_var(env, (contract.NUM_NODES,), "node count") or 1
     per_node = per_node or max(world // nodes, 1)
     hosts = [h for h in env.get(contract.HOSTS, "").split(",") if h.strip()]
